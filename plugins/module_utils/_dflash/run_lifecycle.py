@@ -1,0 +1,365 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.ops contributors
+# Apache License 2.0
+"""The run lifecycle, executed INSIDE the training container: JSON request in, JSON result out.
+
+One transport call runs this whole file (with procfs.py and gpu_release.py) so that a restart costs one
+`pct exec`, and the same code is what local mode and the container tests exercise. Stdlib only.
+
+Run directory contract (DESIGN.md): launch.json, pid, train.log, heartbeat.json, checkpoints/, metrics.jsonl.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+
+try:  # stripped when shipped: there the three files share one namespace
+    from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group  # noqa: F401
+    from .gpu_release import nvml_snapshot, wait_for_release  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
+LOCK_NAME = ".dflash-lifecycle.lock"
+LOG_NAME = "train.log"
+
+
+class LifecycleError(Exception):
+    """A refusal or failure to report as failed=true with this one-line message (plus extra facts)."""
+
+    def __init__(self, msg, **facts):
+        Exception.__init__(self, msg)
+        self.facts = facts
+
+
+def _read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json_atomic(path, data):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_pid(run_dir):
+    try:
+        with open(os.path.join(run_dir, "pid")) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def log_tail(path, lines):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 256 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return data.splitlines()[-lines:]
+
+
+def live_run(run_dir):
+    """(pid, launch) when the run's recorded process is alive and is the program launched, else (None, launch)."""
+    launch = _read_json(os.path.join(run_dir, "launch.json"))
+    pid = _read_pid(run_dir)
+    if launch is None or pid is None or not is_alive(pid):
+        return None, launch
+    if not cmdline_matches(cmdline(pid), launch.get("argv")):
+        return None, launch  # the pid was reused by something else
+    return pid, launch
+
+
+def conflicting_runs(req):
+    """Live runs that must stop before req launches: the run itself, and any run sharing a GPU."""
+    found = []
+    own_pid, own_launch = live_run(req["run_dir"])
+    if own_pid:
+        found.append((req["run"], own_pid))
+    gpus = set(req.get("gpus") or [])
+    root = req["runs_root"]
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        names = []
+    for name in names:
+        run_dir = os.path.join(root, name)
+        if os.path.realpath(run_dir) == os.path.realpath(req["run_dir"]) or not gpus:
+            continue
+        pid, launch = live_run(run_dir)
+        if pid and gpus.intersection(launch.get("gpus") or []):
+            found.append((name, pid))
+    return found, own_pid, own_launch
+
+
+class Lock(object):
+    """One lifecycle operation per container at a time (flock; released if we die)."""
+
+    def __init__(self, root, timeout_s):
+        self.path = os.path.join(root, LOCK_NAME)
+        self.timeout_s = timeout_s
+        self.fd = None
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() > deadline:
+                raise LifecycleError("another restart/stop of this container held %s for %ss; wait for it to "
+                                     "finish (or raise lock_timeout)" % (self.path, self.timeout_s))
+            time.sleep(POLL_S)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+def _unique_path(path):
+    if not os.path.exists(path):
+        return path
+    n = 1
+    while os.path.exists("%s.%d" % (path, n)):
+        n += 1
+    return "%s.%d" % (path, n)
+
+
+def _keep_previous(run_dir, now):
+    """Move the previous launch's log and launch.json aside, never overwriting anything."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    kept = []
+    for name, ext in ((LOG_NAME, ".log"), ("launch.json", ".json")):
+        path = os.path.join(run_dir, name)
+        if os.path.exists(path):
+            dest = _unique_path(os.path.join(run_dir, "%s.%s%s" % (name[: -len(ext)], stamp, ext)))
+            os.rename(path, dest)
+            kept.append(dest)
+    return kept
+
+
+def _write_pidfile(run_dir):
+    # Runs in the child after setsid(), before exec: the pid on disk is the new group leader's.
+    path = os.path.join(run_dir, "pid")
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, ("%d\n" % os.getpid()).encode())
+    os.fsync(fd)
+    os.close(fd)
+    os.rename(tmp, path)
+
+
+def launch(req, now):
+    run_dir = req["run_dir"]
+    kept = _keep_previous(run_dir, now)
+    public = {
+        "run": req["run"], "argv": req["argv"], "env": req.get("env") or {},
+        "secret_env_names": sorted((req.get("secret_env") or {}).keys()), "gpus": req.get("gpus") or [],
+        "cwd": req.get("cwd"), "fingerprint": req["fingerprint"], "launched_at": now, "log": LOG_NAME,
+    }
+    _write_json_atomic(os.path.join(run_dir, "launch.json"), public)
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    env.update(dict((k, str(v)) for k, v in (req.get("env") or {}).items()))
+    env.update(dict((k, str(v)) for k, v in (req.get("secret_env") or {}).items()))
+    env.update(DFLASH_RUN_DIR=run_dir, DFLASH_RUN_NAME=req["run"])
+    log_path = os.path.join(run_dir, LOG_NAME)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    try:
+        proc = subprocess.Popen(
+            req["argv"], stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
+            # New session: no controlling terminal, so the terminal's hangup when `pct exec -tt`
+            # or the SSH session ends cannot reach it. close_fds: our stdout pipe must not leak.
+            start_new_session=True, close_fds=True, env=env, cwd=req.get("cwd") or run_dir,
+            preexec_fn=lambda: _write_pidfile(run_dir),
+        )
+    except OSError as exc:
+        os.write(log_fd, ("dflash.ops: could not execute %s: %s\n" % (req["argv"][0], exc)).encode())
+        raise LifecycleError("the trainer could not be started: %s: %s; check command (is the trainer installed "
+                             "in the container?)" % (req["argv"][0], exc.strerror or exc),
+                             rc=127 if exc.errno == errno.ENOENT else 126,
+                             log_tail=log_tail(log_path, req["log_tail_lines"]), kept=kept)
+    finally:
+        os.close(log_fd)
+    return proc, kept
+
+
+def verify(req, proc, launched_at):
+    """Assert the launch is live: alive after settle_time, cmdline ours, heartbeat written by that pid."""
+    run_dir = req["run_dir"]
+    hb_path = os.path.join(run_dir, "heartbeat.json")
+    log_path = os.path.join(run_dir, LOG_NAME)
+    start = time.monotonic()
+    want = req.get("wait_for_phase")
+    hb = None
+
+    def died(rc):
+        return LifecycleError("the trainer exited with status %s right after launch; see log_tail (%s)"
+                              % (rc, log_path), rc=rc, pid=proc.pid,
+                              log_tail=log_tail(log_path, req["log_tail_lines"]), heartbeat=_read_json(hb_path))
+
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            raise died(rc)
+        elapsed = time.monotonic() - start
+        hb = _read_json(hb_path)
+        fresh = hb is not None and hb.get("pid") == proc.pid
+        if fresh and hb.get("phase") == "failed":
+            proc_rc = _wait_exit(proc, 5)
+            raise LifecycleError("the trainer reported phase failed: %s" % hb.get("error", "no error text"),
+                                 rc=proc_rc, pid=proc.pid, heartbeat=hb,
+                                 log_tail=log_tail(log_path, req["log_tail_lines"]))
+        if elapsed >= req["settle_time"] and fresh:
+            if not cmdline_matches(cmdline(proc.pid), req["argv"]):
+                raise LifecycleError("pid %d does not run the launched command (%s)" % (
+                    proc.pid, " ".join(cmdline(proc.pid) or [])), pid=proc.pid)
+            if not want or hb.get("phase") in (want, "finished"):
+                return hb
+            if elapsed >= req["settle_time"] + req["phase_timeout"]:
+                raise LifecycleError("the trainer is alive but did not reach phase %s within %ss (phase %s); "
+                                     "see log_tail" % (want, req["phase_timeout"], hb.get("phase")),
+                                     pid=proc.pid, heartbeat=hb, log_tail=log_tail(log_path, req["log_tail_lines"]))
+        elif elapsed >= req["settle_time"] + req["heartbeat_timeout"]:
+            raise LifecycleError("pid %d is alive but wrote no heartbeat to %s within %ss; is the command a "
+                                 "dflash trainer? (raise heartbeat_timeout if loading is slow)"
+                                 % (proc.pid, hb_path, req["heartbeat_timeout"]), pid=proc.pid,
+                                 log_tail=log_tail(log_path, req["log_tail_lines"]))
+        time.sleep(POLL_S)
+
+
+def _wait_exit(proc, timeout):
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def status(req):
+    run_dir = req["run_dir"]
+    pid, launch_info = live_run(run_dir)
+    hb = _read_json(os.path.join(run_dir, "heartbeat.json"))
+    now = time.time()
+    out = {"run": req["run"], "run_dir": run_dir, "alive": pid is not None, "pid": pid,
+           "launched": launch_info is not None, "fingerprint": (launch_info or {}).get("fingerprint"),
+           "launched_at": (launch_info or {}).get("launched_at"), "heartbeat": hb}
+    if hb:
+        out["heartbeat_age_s"] = round(now - float(hb.get("updated_at", 0)), 1)
+        for key in ("phase", "step", "epoch", "loss", "tokens_per_s"):
+            out[key] = hb.get(key)
+        if pid is None and hb.get("phase") not in ("finished", "failed"):
+            out["phase"] = "dead"
+            out["dead_since"] = hb.get("updated_at")
+    elif launch_info is not None:
+        out["phase"] = "loading" if pid else "dead"
+    else:
+        out["phase"] = "never launched"
+    try:
+        out["gpu_memory"] = nvml_snapshot(req.get("gpus") or [])
+    except RuntimeError as exc:
+        out["gpu_memory"] = None
+        out["gpu_memory_note"] = str(exc)
+    out["log_tail"] = log_tail(os.path.join(run_dir, LOG_NAME), req.get("status_log_lines", 0)) \
+        if req.get("status_log_lines") else []
+    return out
+
+
+def _timed(timings, name, fn, *args):
+    t0 = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        timings[name] = round(time.monotonic() - t0, 3)
+
+
+def _stop_all(req, runs, timings):
+    stopped = []
+    t0 = time.monotonic()
+    for name, pid in runs:
+        info = stop_group(pid, req["stop_timeout"])
+        info.update(run=name, pid=pid)
+        stopped.append(info)
+    timings["stop"] = round(time.monotonic() - t0, 3)
+    return stopped
+
+
+def change(req):
+    """started / restarted / stopped, under the container's lock."""
+    timings = {}
+    try:
+        return _change(req, timings)
+    except LifecycleError as exc:
+        exc.facts.setdefault("timings", timings)
+        raise
+
+
+def _change(req, timings):
+    action, check = req["action"], req.get("check_mode", False)
+    os.makedirs(req["runs_root"], exist_ok=True)
+    result = {"run": req["run"], "run_dir": req["run_dir"], "changed": False, "timings": timings,
+              "log_path": os.path.join(req["run_dir"], LOG_NAME), "stopped": [], "kept": []}
+    t_lock = time.monotonic()
+    with Lock(req["runs_root"], req["lock_timeout"]):
+        timings["lock"] = round(time.monotonic() - t_lock, 3)
+        runs, own_pid, own_launch = conflicting_runs(req)
+        same = own_pid is not None and (own_launch or {}).get("fingerprint") == req.get("fingerprint")
+        if action == "stopped":
+            own = [(n, p) for n, p in runs if n == req["run"]]
+            result.update(changed=bool(own), action="stopped" if own else "none", pid=own_pid)
+            if own and not check:
+                result["stopped"] = _stop_all(req, own, timings)
+            return result
+        if own_pid is not None and (action == "started" or (same and not req.get("force"))):
+            result.update(action="noop", pid=own_pid, fingerprint=(own_launch or {}).get("fingerprint"),
+                          same_config=same, heartbeat=_read_json(os.path.join(req["run_dir"], "heartbeat.json")))
+            return result
+        result.update(changed=True, action="launched", would_stop=[n for n, _ in runs])
+        if check:
+            return result
+        result["stopped"] = _stop_all(req, runs, timings)
+        result["gpu_wait"] = _timed(timings, "gpu_wait", wait_for_release, req.get("gpus") or [],
+                                    req["gpu_device_pattern"], req["gpu_memory_threshold_mib"],
+                                    req["gpu_release_timeout"])
+        os.makedirs(req["run_dir"], exist_ok=True)
+        now = time.time()
+        proc, result["kept"] = _timed(timings, "launch", launch, req, now)
+        result["pid"] = proc.pid
+        result["fingerprint"] = req["fingerprint"]
+    # The lock is not needed to watch the new process; other operations may proceed.
+    result["heartbeat"] = _timed(timings, "verify", verify, req, proc, now)
+    result["phase"] = result["heartbeat"].get("phase")
+    return result
+
+
+def main(req):
+    try:
+        if req["action"] == "status":
+            out = status(req)
+        else:
+            out = change(req)
+    except LifecycleError as exc:
+        out = {"failed": True, "msg": str(exc)}
+        out.update(exc.facts)
+    except Exception as exc:  # report, never a traceback on the operator's screen
+        out = {"failed": True, "msg": "lifecycle error: %s: %s" % (type(exc).__name__, exc)}
+    sys.stdout.write(json.dumps(out, default=str) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(json.load(sys.stdin))

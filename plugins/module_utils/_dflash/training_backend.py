@@ -1,0 +1,80 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.ops contributors
+# Apache License 2.0
+"""Backend of the training_run module: params → request → one transport call → result.
+
+Uses only module.params, module.check_mode and module.warn, so tests can pass a small stand-in.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.lifecycle_payload import run_lifecycle_remote
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.run_config import build_request
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport import Transport, TransportError
+
+
+def default_python(transport):
+    # Locally the module's own interpreter surely exists; in a container python3 is the one to expect.
+    return sys.executable if transport == "local" else "python3"
+
+
+class TrainingRunError(Exception):
+    def __init__(self, msg, **facts):
+        Exception.__init__(self, msg)
+        self.facts = facts
+
+
+def argument_spec():
+    return dict(
+        name=dict(type="str", required=True),
+        state=dict(type="str", default="restarted", choices=["started", "stopped", "restarted", "status"]),
+        transport=dict(type="str", default="pct", choices=["pct", "local"]),
+        vmid=dict(type="int"),
+        pct_path=dict(type="str", default="pct"),
+        python=dict(type="str"),
+        runs_root=dict(type="path", default="/workspace/runs"),
+        run_dir=dict(type="path"),
+        command=dict(type="list", elements="str"),
+        trainer_args=dict(type="dict", default={}),
+        env=dict(type="dict", default={}),
+        secret_env=dict(type="dict", default={}, no_log=True),
+        gpus=dict(type="list", elements="int", default=[]),
+        cwd=dict(type="path"),
+        force=dict(type="bool", default=False),
+        stop_timeout=dict(type="float", default=120),
+        gpu_release_timeout=dict(type="float", default=120),
+        gpu_memory_threshold_mib=dict(type="int", default=1024),
+        gpu_device_pattern=dict(type="str", default="/dev/nvidia{index}"),
+        settle_time=dict(type="float", default=1.0),
+        heartbeat_timeout=dict(type="float", default=120),
+        wait_for_phase=dict(type="str"),
+        phase_timeout=dict(type="float", default=600),
+        log_tail_lines=dict(type="int", default=40),
+        status_log_lines=dict(type="int", default=0),
+        lock_timeout=dict(type="float", default=900),
+        timeout=dict(type="float", default=3600),
+    )
+
+
+def manage_run(module):
+    p = module.params
+    try:
+        request = build_request(p, check_mode=module.check_mode)
+        transport = Transport(p["transport"], vmid=p.get("vmid"), pct_path=p["pct_path"])
+    except ValueError as exc:
+        raise TrainingRunError(str(exc))
+    try:
+        result = run_lifecycle_remote(transport, request, python=p["python"] or default_python(p["transport"]),
+                                      timeout=p["timeout"])
+    except TransportError as exc:
+        raise TrainingRunError(str(exc))
+    if result.pop("failed", False):
+        msg = result.pop("msg", "the lifecycle failed")
+        raise TrainingRunError("run %s: %s" % (p["name"], msg), **result)
+    if request["action"] == "started" and result.get("action") == "noop" and not result.get("same_config"):
+        module.warn("run %s is alive with another configuration; use state=restarted to apply the new one"
+                    % p["name"])
+    result.setdefault("changed", False)
+    return result

@@ -1,0 +1,272 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dflash.ops contributors
+# Apache License 2.0
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: training_run
+short_description: Start, stop, restart or inspect a named DFlash training run, and prove the result
+description:
+  - Manages one named training run inside a Proxmox LXC container (through C(pct exec)) or on the host itself
+    (O(transport=local)).
+  - The whole restart sequence runs inside the container in one transport call, under one lock per container
+    ("runs root"): no-op when the same run with the same configuration fingerprint is alive; otherwise stop every
+    run that shares a GPU (SIGTERM to its process group, grace period, SIGKILL), wait until the GPUs are released,
+    launch detached (new session, stdin from /dev/null, output to the run's log, pid file written before exec),
+    then assert that the new process is alive, runs the launched command and writes a heartbeat.
+  - A failed launch returns C(failed), the exit status and the last lines of the log; the previous run's logs and
+    checkpoints are kept (older C(train.log) files are renamed, never overwritten).
+  - Secrets in O(secret_env) travel on stdin, never in an argument vector, a log or C(launch.json).
+version_added: 0.1.0
+author: dflash.ops maintainers
+attributes:
+  check_mode:
+    support: full
+    description: Reports whether the run would be launched or stopped; starts and stops nothing.
+  diff_mode:
+    support: none
+options:
+  name:
+    description: Run name; letters, digits, C(.), C(_) and C(-), at most 64 characters.
+    type: str
+    required: true
+  state:
+    description:
+      - V(restarted) launches the run unless the same configuration is already alive (or O(force=true)).
+      - V(started) launches the run only when it is not alive; a live run with another configuration is kept
+        (with a warning).
+      - V(stopped) stops the run's process group. V(status) reports and changes nothing.
+    type: str
+    choices: [started, stopped, restarted, status]
+    default: restarted
+  transport:
+    description: V(pct) runs inside container O(vmid) through C(pct exec); V(local) runs on the managed host.
+    type: str
+    choices: [pct, local]
+    default: pct
+  vmid:
+    description: Container id; required when O(transport=pct).
+    type: int
+  pct_path:
+    description: The C(pct) command (a name looked up on PATH, or an absolute path).
+    type: str
+    default: pct
+  python:
+    description:
+      - Python interpreter at the target that runs the lifecycle code (stdlib only).
+      - Defaults to C(python3) inside a container, and to the module's own interpreter with O(transport=local).
+    type: str
+  runs_root:
+    description: Directory holding every run's directory, and the lifecycle lock.
+    type: path
+    default: /workspace/runs
+  run_dir:
+    description: The run's directory; defaults to O(runs_root)/O(name).
+    type: path
+  command:
+    description: The trainer executable and fixed arguments; required for V(started) and V(restarted).
+    type: list
+    elements: str
+  trainer_args:
+    description: Trainer flags; C(key) becomes C(--key) (C(_) → C(-)); V(true) is a bare flag, V(false) and
+      null are left out, a list is comma-joined.
+    type: dict
+    default: {}
+  env:
+    description: Environment of the trainer (nothing else from the caller's environment is passed).
+    type: dict
+    default: {}
+  secret_env:
+    description: Secret environment variables (API keys); only their names are recorded.
+    type: dict
+    default: {}
+  gpus:
+    description: GPU indexes the run uses; runs sharing any of them are stopped first and their release awaited.
+    type: list
+    elements: int
+    default: []
+  cwd:
+    description: Working directory of the trainer; defaults to the run directory.
+    type: path
+  force:
+    description: Restart even when the same configuration is alive.
+    type: bool
+    default: false
+  stop_timeout:
+    description: Seconds a stopping run gets after SIGTERM (to checkpoint) before SIGKILL.
+    type: float
+    default: 120
+  gpu_release_timeout:
+    description: Seconds to wait for the GPUs to be released before failing.
+    type: float
+    default: 120
+  gpu_memory_threshold_mib:
+    description: A GPU counts as released when NVML reports less memory used than this.
+    type: int
+    default: 1024
+  gpu_device_pattern:
+    description: Device file of GPU C({index}); processes holding one open block the launch.
+    type: str
+    default: /dev/nvidia{index}
+  settle_time:
+    description: Seconds the new process must stay alive before it counts as launched.
+    type: float
+    default: 1.0
+  heartbeat_timeout:
+    description: Seconds (after O(settle_time)) to wait for the first heartbeat written by the new pid.
+    type: float
+    default: 120
+  wait_for_phase:
+    description: Also wait until the heartbeat reports this phase (for example V(training)).
+    type: str
+  phase_timeout:
+    description: Seconds to wait for O(wait_for_phase).
+    type: float
+    default: 600
+  log_tail_lines:
+    description: Lines of the log returned when a launch fails.
+    type: int
+    default: 40
+  status_log_lines:
+    description: Lines of the log returned by V(status).
+    type: int
+    default: 0
+  lock_timeout:
+    description: Seconds to wait for another lifecycle operation on the same runs root.
+    type: float
+    default: 900
+  timeout:
+    description: Seconds the whole transport call may take.
+    type: float
+    default: 3600
+seealso:
+  - module: dflash.ops.pct_exec
+notes:
+  - Inside a container NVML lists no processes, so GPU release is judged by used memory there. Without NVML (no
+    driver, CPU runs) the result's C(gpu_wait.skipped) is true and C(gpu_wait.reason) says why.
+  - Changing only a secret value does not change the fingerprint; use O(force=true) to apply it.
+"""
+
+EXAMPLES = r"""
+- name: Restart run slammed5 in CT 200 with its GPUs and wait until it trains
+  dflash.ops.training_run:
+    name: slammed5
+    vmid: 200
+    command: [/opt/dflash/venv/bin/dflash-train]
+    trainer_args: {target_model: /dev/shm/Qwen3.6-27B, block_size: 32, use_soft_labels: true}
+    env: {DFLASH_PROFILE_INTERVAL: "60"}
+    secret_env: {WANDB_API_KEY: "{{ vault_wandb_key }}"}
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+    wait_for_phase: training
+
+- name: Stop it
+  dflash.ops.training_run:
+    name: slammed5
+    vmid: 200
+    state: stopped
+
+- name: Report on a run on this host
+  dflash.ops.training_run:
+    name: demo
+    transport: local
+    runs_root: /tmp/dflash-runs
+    state: status
+  register: demo_status
+"""
+
+RETURN = r"""
+action:
+  description: What was done; V(launched), V(noop), V(stopped) or V(none).
+  returned: state is not status
+  type: str
+  sample: launched
+pid:
+  description: The run's process (group leader) id.
+  returned: when the run is alive
+  type: int
+  sample: 4242
+fingerprint:
+  description: Hash of argv, env, GPUs, secret names and cwd of the run.
+  returned: when launched or alive
+  type: str
+  sample: 3f2a9c0d1e2b4a55
+phase:
+  description: The trainer's phase from its heartbeat (V(dead) when its process is gone without finishing).
+  returned: success
+  type: str
+  sample: training
+heartbeat:
+  description: The heartbeat written by the run's pid.
+  returned: when available
+  type: dict
+  sample: {pid: 4242, phase: training, step: 120, loss: 2.31, tokens_per_s: 51234.0, updated_at: 1764480000.5}
+stopped:
+  description: Runs stopped first, each with the signal that ended it and the seconds waited.
+  returned: state is restarted or stopped
+  type: list
+  elements: dict
+  sample: [{run: slammed4, pid: 4100, pgid: 4100, signal: SIGTERM, waited_s: 12.4}]
+gpu_wait:
+  description: The GPU release wait; C(skipped) with a C(reason) when it could not be done.
+  returned: when launched
+  type: dict
+  sample: {gpus: [0, 1], skipped: true, reason: "GPU memory wait skipped: NVML could not start", waited_s: 0.0}
+timings:
+  description: Seconds per phase (lock, stop, gpu_wait, launch, verify).
+  returned: always
+  type: dict
+  sample: {lock: 0.0, stop: 3.2, gpu_wait: 0.5, launch: 0.01, verify: 1.0}
+rc:
+  description: Exit status of a launched trainer that died during verification.
+  returned: when failed after launch
+  type: int
+  sample: 1
+log_tail:
+  description: Last lines of the run's log.
+  returned: when failed, or with status_log_lines
+  type: list
+  elements: str
+  sample: ["Traceback (most recent call last):", "ValueError: --block-size must be >= 2"]
+kept:
+  description: Previous log and launch files moved aside before the launch.
+  returned: when launched
+  type: list
+  elements: str
+  sample: [/workspace/runs/slammed5/train.20261130-101500.log]
+heartbeat_age_s:
+  description: Seconds since the heartbeat was written.
+  returned: state is status and a heartbeat exists
+  type: float
+  sample: 1.4
+alive:
+  description: Whether the run's process is alive.
+  returned: state is status
+  type: bool
+  sample: true
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.training_backend import (
+    TrainingRunError, argument_spec, manage_run)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=argument_spec(),
+        required_if=[("transport", "pct", ("vmid",)), ("state", "started", ("command",)),
+                     ("state", "restarted", ("command",))],
+        supports_check_mode=True,
+    )
+    try:
+        result = manage_run(module)
+    except TrainingRunError as exc:
+        module.fail_json(msg=str(exc), **exc.facts)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
