@@ -13,7 +13,7 @@ description:
   - Manages one named training run inside a Proxmox LXC container (through C(pct exec)) or on the host itself
     (O(transport=local)).
   - The whole restart sequence runs inside the container in one transport call, under one lock per container
-    ("runs root"): no-op when the same run with the same configuration fingerprint is alive; otherwise stop every
+    ("runs root") - no-op when the same run with the same configuration fingerprint is alive; otherwise stop every
     run that shares a GPU (SIGTERM to its process group, grace period, SIGKILL), wait until the GPUs are released,
     launch detached (new session, stdin from /dev/null, output to the run's log, pid file written before exec),
     then assert that the new process is alive, runs the launched command and writes a heartbeat.

@@ -269,11 +269,14 @@ def status(req):
         out["phase"] = "loading" if pid else "dead"
     else:
         out["phase"] = "never launched"
-    try:
-        out["gpu_memory"] = nvml_snapshot(req.get("gpus") or [])
-    except RuntimeError as exc:
-        out["gpu_memory"] = None
-        out["gpu_memory_note"] = str(exc)
+    out["gpu_memory"] = None
+    if not req.get("gpus"):
+        out["gpu_memory_note"] = "no GPUs configured for this run"
+    else:
+        try:
+            out["gpu_memory"] = nvml_snapshot(req["gpus"])
+        except RuntimeError as exc:
+            out["gpu_memory_note"] = str(exc)
     out["log_tail"] = log_tail(os.path.join(run_dir, LOG_NAME), req.get("status_log_lines", 0)) \
         if req.get("status_log_lines") else []
     return out

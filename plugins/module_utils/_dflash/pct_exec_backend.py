@@ -1,0 +1,53 @@
+# -*- coding: utf-8 -*-
+# Copyright: dflash.ops contributors
+# Apache License 2.0
+"""Backend of the pct_exec module (uses module.params and module.check_mode only)."""
+
+from __future__ import annotations
+
+import shlex
+
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport import Transport, TransportError
+
+
+class PctExecError(Exception):
+    def __init__(self, msg, **facts):
+        Exception.__init__(self, msg)
+        self.facts = facts
+
+
+def _path_exists(transport, path, timeout):
+    # `test -e` runs without a shell; the path is one argv element.
+    rc, _, _ = transport.run(["test", "-e", path], timeout=timeout)
+    return rc == 0
+
+
+def run_command(module):
+    p = module.params
+    try:
+        argv = p["argv"] if p["argv"] is not None else shlex.split(p["cmd"])
+        transport = Transport(p["transport"], vmid=p.get("vmid"), pct_path=p["pct_path"])
+        full = transport.build_argv(argv, env=p["env"], login_shell=p["login_shell"], cwd=p["chdir"])
+    except ValueError as exc:
+        raise PctExecError(str(exc))
+    result = {"changed": False, "argv": full}
+    try:
+        if p["creates"] and _path_exists(transport, p["creates"], p["timeout"]):
+            result["skipped_reason"] = "%s exists" % p["creates"]
+            return result
+        if p["removes"] and not _path_exists(transport, p["removes"], p["timeout"]):
+            result["skipped_reason"] = "%s does not exist" % p["removes"]
+            return result
+        result["changed"] = True
+        if module.check_mode:
+            return result
+        rc, out, err = transport.run(argv, env=p["env"], login_shell=p["login_shell"], cwd=p["chdir"],
+                                     timeout=p["timeout"])
+    except TransportError as exc:
+        raise PctExecError(str(exc), argv=full)
+    result.update(rc=rc, stdout=out, stderr=err, stdout_lines=out.splitlines(), stderr_lines=err.splitlines())
+    if rc not in p["expected_rc"]:
+        tail = (err.strip() or out.strip()).splitlines()[-1:] or ["no output"]
+        raise PctExecError("command exited with status %d in %s: %s" % (rc, transport.describe(), tail[0]),
+                           **result)
+    return result
