@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""A quick stand-in trainer that honours the run contract (DESIGN.md), stdlib only, for fault tests.
+
+Writes heartbeat.json {pid, phase, step, epoch, updated_at} into $DFLASH_RUN_DIR (or --run-dir) every --interval s,
+checkpoints to checkpoints/step-N (temp dir + rename, `latest` file) every --ckpt-every steps and on SIGTERM, and
+resumes from checkpoints/latest. Fault switches: --crash RC, --ignore-term, --slow-exit S, --hold PATH.
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+
+def atomic_json(path, obj):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", default=os.environ.get("DFLASH_RUN_DIR"))
+    ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument("--ckpt-every", type=int, default=4)
+    ap.add_argument("--crash", type=int, default=None, help="exit with this status right after start")
+    ap.add_argument("--ignore-term", action="store_true")
+    ap.add_argument("--slow-exit", type=float, default=0.0, help="seconds to take to exit after SIGTERM")
+    ap.add_argument("--hold", default=None, help="keep this file open (a fake GPU device)")
+    ap.add_argument("--tag", default="", help="free text, only to change the fingerprint")
+    args, unknown = ap.parse_known_args()
+    if not args.run_dir:
+        print("fake_trainer: no run dir (DFLASH_RUN_DIR or --run-dir)", file=sys.stderr)
+        return 2
+    run_dir = args.run_dir
+    ckdir = os.path.join(run_dir, "checkpoints")
+    os.makedirs(ckdir, exist_ok=True)
+    print("fake_trainer pid=%d argv=%s unknown=%s" % (os.getpid(), sys.argv[1:], unknown), flush=True)
+    if args.crash is not None:
+        print("fake_trainer: crashing at start with status %d (as asked)" % args.crash, flush=True)
+        return args.crash
+    held = open(args.hold, "a") if args.hold else None  # noqa: F841 (kept open on purpose)
+
+    step = 0
+    latest = os.path.join(ckdir, "latest")
+    if os.path.exists(latest):
+        with open(latest) as fh:
+            name = fh.read().strip()
+        with open(os.path.join(ckdir, name, "state.json")) as fh:
+            step = json.load(fh)["step"]
+        print("fake_trainer: resumed from %s (step %d)" % (name, step), flush=True)
+    state = {"stop": False}
+
+    def checkpoint():
+        name = "step-%d" % step
+        final = os.path.join(ckdir, name)
+        if os.path.isdir(final):
+            return
+        tmp = os.path.join(ckdir, ".tmp-%s-%d" % (name, os.getpid()))
+        os.makedirs(tmp, exist_ok=True)
+        atomic_json(os.path.join(tmp, "state.json"), {"step": step})
+        os.rename(tmp, final)
+        with open(latest + ".tmp", "w") as fh:
+            fh.write(name)
+        os.replace(latest + ".tmp", latest)
+
+    def heartbeat(phase):
+        atomic_json(os.path.join(run_dir, "heartbeat.json"),
+                    {"pid": os.getpid(), "phase": phase, "step": step, "epoch": 0, "updated_at": time.time()})
+
+    def on_term(signum, frame):
+        state["stop"] = True
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_term else on_term)
+    heartbeat("training")
+    while not state["stop"]:
+        time.sleep(args.interval)
+        step += 1
+        if args.ckpt_every and step % args.ckpt_every == 0:
+            heartbeat("checkpointing")
+            checkpoint()
+        heartbeat("training")
+    print("fake_trainer: SIGTERM at step %d, checkpointing" % step, flush=True)
+    heartbeat("checkpointing")
+    checkpoint()
+    if args.slow_exit:
+        time.sleep(args.slow_exit)
+    heartbeat("finished")
+    print("fake_trainer: exiting", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
