@@ -1,0 +1,126 @@
+"""Atomic checkpoints: checkpoints/step-N dirs plus a `latest` file naming the newest complete one.
+
+Write order, so that a kill at any instant leaves a loadable `latest`:
+  1. everything into checkpoints/.tmp-step-N, each file fsynced, then the directory fsynced;
+  2. rename .tmp-step-N -> step-N (atomic), fsync checkpoints/;
+  3. `latest` rewritten via a temp file + os.replace (atomic), fsync checkpoints/;
+  4. older step-N dirs beyond keep-last-k removed.
+A .tmp-* directory is never loaded; one left by a killed process is removed at the next save.
+
+A checkpoint holds: model.safetensors (the trainable drafter weights, export key names),
+drafter_config.json (to rebuild the drafter), train_state.pt (optimizer, scheduler, data position,
+RNG states, step, run config).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+
+import torch
+from safetensors.torch import load_file, save_file
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+FILES = ("model.safetensors", "drafter_config.json", "train_state.pt")
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoints_dir(output_dir: str) -> str:
+    return os.path.join(output_dir, "checkpoints")
+
+
+def save_checkpoint(output_dir: str, step: int, model_state: dict[str, torch.Tensor], drafter_config: dict,
+                    train_state: dict, keep: int) -> str:
+    root = checkpoints_dir(output_dir)
+    os.makedirs(root, exist_ok=True)
+    for name in os.listdir(root):  # leftovers of a killed save
+        if name.startswith(".tmp-"):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    tmp = os.path.join(root, f".tmp-step-{step}")
+    final = os.path.join(root, f"step-{step}")
+    os.makedirs(tmp)
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in model_state.items()},
+              os.path.join(tmp, "model.safetensors"))
+    with open(os.path.join(tmp, "drafter_config.json"), "w") as f:
+        json.dump(drafter_config, f, indent=2)
+    torch.save(train_state, os.path.join(tmp, "train_state.pt"))
+    for name in FILES:
+        _fsync_file(os.path.join(tmp, name))
+    _fsync_dir(tmp)
+
+    pause = float(os.environ.get("DFLASH_DEBUG_CHECKPOINT_PAUSE_S", "0"))
+    if pause > 0:  # test hook: widens the window in which a kill hits a half-finished checkpoint
+        time.sleep(pause)
+
+    if os.path.exists(final):  # the same step saved twice (e.g. SIGTERM right after a periodic save)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    latest_tmp = os.path.join(root, ".latest.tmp")
+    with open(latest_tmp, "w") as f:
+        f.write(f"step-{step}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(latest_tmp, os.path.join(root, "latest"))
+    _fsync_dir(root)
+    prune(root, keep, protect=f"step-{step}")
+    return final
+
+
+def list_steps(root: str) -> list[tuple[int, str]]:
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        match = STEP_DIR.match(name)
+        if match and all(os.path.isfile(os.path.join(root, name, f)) for f in FILES):
+            found.append((int(match.group(1)), os.path.join(root, name)))
+    return sorted(found)
+
+
+def prune(root: str, keep: int, protect: str) -> None:
+    steps = list_steps(root)
+    for _, path in steps[:-keep] if keep > 0 else []:
+        if os.path.basename(path) != protect:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def find_latest(output_dir: str) -> str | None:
+    """The directory `latest` names; if it is missing or incomplete, the highest complete step-N."""
+    root = checkpoints_dir(output_dir)
+    latest = os.path.join(root, "latest")
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            name = f.read().strip()
+        path = os.path.join(root, name)
+        if STEP_DIR.match(name) and all(os.path.isfile(os.path.join(path, f)) for f in FILES):
+            return path
+    steps = list_steps(root)
+    return steps[-1][1] if steps else None
+
+
+def load_checkpoint(path: str, map_location="cpu") -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """Returns (model_state, drafter_config dict, train_state)."""
+    model_state = load_file(os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "drafter_config.json")) as f:
+        drafter_config = json.load(f)
+    train_state = torch.load(os.path.join(path, "train_state.pt"), map_location=map_location, weights_only=False)
+    return model_state, drafter_config, train_state

@@ -1,0 +1,234 @@
+"""The DFlash draft model (DFLASH.md, "Drafter architecture").
+
+fc over the K tapped target features + hidden_norm give one context vector c per target position.
+L Qwen3-style layers take only the block tokens x as queries; keys/values are [W_k c ; W_k x] and
+[W_v c ; W_v x] (k-norm on both, RoPE at absolute positions), so c is injected into every layer
+without flowing through the stack. The target's embed_tokens and lm_head are borrowed, frozen.
+
+Parameter names equal the export keys (layers.{i}.self_attn.q_proj.weight, fc.weight, ...), so the
+export is state_dict() minus the two frozen borrowed tables.
+
+Legend: B batch, T context (target) positions, Q block query positions (anchors x block size),
+H hidden, K taps, nh/nkv query/key-value heads, d head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FROZEN_PREFIXES = ("embed_tokens.", "lm_head.")
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    target_layer_ids: list[int]
+    num_target_layers: int
+    block_size: int
+    mask_token_id: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    split_fc_layers: bool = False
+    """Apply fc per tap and sum (DFLASH_SPLIT_FC_LAYERS=1). Identical math; saves the K*H concat."""
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads (GQA)")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"--mask-token-id {self.mask_token_id} is outside the vocabulary {self.vocab_size}")
+        if self.block_size < 2:
+            raise ValueError("--block-size must be at least 2")
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DrafterConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_target(cls, target_config, num_layers: int, target_layer_ids: list[int], block_size: int,
+                    mask_token_id: int, split_fc_layers: bool = False) -> "DrafterConfig":
+        """Layer shapes copied from the target (a HF PretrainedConfig), so the drafter lives in its space."""
+        c = getattr(target_config, "text_config", target_config)
+        rope = getattr(c, "rope_parameters", None) or {}
+        rope_theta = rope.get("rope_theta", getattr(c, "rope_theta", 1_000_000.0))
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return cls(hidden_size=c.hidden_size, num_hidden_layers=num_layers,
+                   num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                   head_dim=head_dim, intermediate_size=c.intermediate_size, vocab_size=c.vocab_size,
+                   target_layer_ids=list(target_layer_ids), num_target_layers=c.num_hidden_layers,
+                   block_size=block_size, mask_token_id=mask_token_id, rms_norm_eps=c.rms_norm_eps,
+                   rope_theta=float(rope_theta), max_position_embeddings=c.max_position_embeddings,
+                   split_fc_layers=split_fc_layers)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()  # the variance in bf16 loses too much; Qwen3 normalizes in fp32 too
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, N] -> cos, sin [B, 1, N, d] (HF Qwen3 layout: the two halves repeat the frequencies)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos()[:, None], emb.sin()[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """mask: a boolean [B, 1, Q, T+Q] tensor (eager SDPA, CPU and tests) or a flex BlockMask (CUDA)."""
+    if isinstance(mask, torch.Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    from dflash_trainer.blocks import compiled_flex_attention
+    return compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True)
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        H = cfg.hidden_size
+        self.q_proj = nn.Linear(H, self.nh * self.d, bias=False)
+        self.k_proj = nn.Linear(H, self.nkv * self.d, bias=False)
+        self.v_proj = nn.Linear(H, self.nkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.d, H, bias=False)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+
+    def forward(self, x_BQH, c_BTH, rope_q, rope_kv, mask) -> torch.Tensor:
+        B, Q, _ = x_BQH.shape
+        q = self.q_norm(self.q_proj(x_BQH).view(B, Q, self.nh, self.d)).transpose(1, 2)
+        kv_in = torch.cat([c_BTH.to(x_BQH.dtype), x_BQH], dim=1)  # context keys first, then the block
+        N = kv_in.shape[1]
+        k = self.k_norm(self.k_proj(kv_in).view(B, N, self.nkv, self.d)).transpose(1, 2)
+        v = self.v_proj(kv_in).view(B, N, self.nkv, self.d).transpose(1, 2)
+        q = apply_rope(q, *rope_q)
+        k = apply_rope(k, *rope_kv)
+        # v is in the compute dtype (bf16 under autocast); the fp32 norm weights promoted q and k.
+        out = attend(q.to(v.dtype), k.to(v.dtype), v, mask)
+        return self.o_proj(out.transpose(1, 2).reshape(B, Q, self.nh * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, c, rope_q, rope_kv, mask):
+        x = x + self.self_attn(self.input_layernorm(x), c, rope_q, rope_kv, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.fc = nn.Linear(cfg.num_taps * H, H, bias=False)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        # Borrowed from the target and frozen; filled by load_frozen_from_target / the export loader.
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
+        self.lm_head = nn.Linear(H, cfg.vocab_size, bias=False)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and name != "lm_head":
+                nn.init.normal_(module.weight, std=std)
+
+    def load_frozen(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(embed_weight)
+            self.lm_head.weight.copy_(lm_head_weight)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Exactly the export keys (DFLASH.md): no embed_tokens, no lm_head."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(FROZEN_PREFIXES)}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.startswith(FROZEN_PREFIXES)]
+        if missing or unexpected:
+            raise ValueError(f"drafter weights do not match the config: missing {missing}, unexpected {unexpected}")
+
+    def context(self, taps: list[torch.Tensor]) -> torch.Tensor:
+        """K tapped features [B, T, H] each -> c [B, T, H] = hidden_norm(fc(concat taps))."""
+        if self.cfg.split_fc_layers:
+            H = self.cfg.hidden_size
+            w = self.fc.weight
+            c = sum(F.linear(t, w[:, i * H:(i + 1) * H]) for i, t in enumerate(taps))
+        else:
+            c = self.fc(torch.cat(taps, dim=-1))
+        return self.hidden_norm(c)
+
+    def forward(self, taps: list[torch.Tensor], block_ids_BQ: torch.Tensor, block_pos_BQ: torch.Tensor,
+                mask) -> torch.Tensor:
+        """Returns the final-normed hidden states of the block slots [B, Q, H]; the head is in loss.py."""
+        c = self.context(taps)
+        B, T, _ = c.shape
+        ctx_pos = torch.arange(T, device=c.device).expand(B, T)
+        rope_q = rope_cos_sin(block_pos_BQ, self.cfg.head_dim, self.cfg.rope_theta)
+        rope_kv = rope_cos_sin(torch.cat([ctx_pos, block_pos_BQ], dim=1), self.cfg.head_dim, self.cfg.rope_theta)
+        x = self.embed_tokens(block_ids_BQ)
+        for layer in self.layers:
+            x = layer(x, c, rope_q, rope_kv, mask)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full logits: for small inputs only (tests, evaluation). Training uses the chunked loss."""
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype))
+
+
+def config_to_json(cfg: DrafterConfig) -> str:
+    return json.dumps(cfg.to_dict(), indent=2)

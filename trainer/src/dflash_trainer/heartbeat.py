@@ -1,0 +1,83 @@
+"""heartbeat.json: the run contract's liveness file (DESIGN.md, "The run contract").
+
+Stdlib only, because the first heartbeat is written before torch is imported.
+Content: {pid, phase, step, epoch, tokens_per_s, loss, updated_at, error?, stopped?}; always replaced
+atomically (temp file in the same directory + os.replace) so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+PHASES = ("loading", "training", "checkpointing", "finished", "failed")
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    """Write then rename: os.replace is atomic within one filesystem, so readers see old or new."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Heartbeat:
+    """Holds the trainer's current status and rewrites heartbeat.json periodically and on phase change."""
+
+    def __init__(self, run_dir: str, interval_s: float = 2.0):
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, "heartbeat.json")
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._state = {"pid": os.getpid(), "phase": "loading", "step": 0, "epoch": 0,
+                       "tokens_per_s": None, "loss": None}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def write(self) -> None:
+        with self._lock:
+            payload = dict(self._state, updated_at=time.time())
+            # Several threads may write; the lock also serializes the shared temp file name.
+            write_json_atomic(self.path, payload)
+
+    def update(self, **fields) -> None:
+        """Record new numbers; they reach the file at the next periodic write."""
+        with self._lock:
+            self._state.update(fields)
+
+    def set_phase(self, phase: str, **fields) -> None:
+        """Phase changes are written immediately: the launcher waits on them."""
+        assert phase in PHASES, phase
+        self.update(phase=phase, **fields)
+        self.write()
+
+    @property
+    def phase(self) -> str:
+        return self._state["phase"]
+
+    def start(self) -> None:
+        """Periodic writes from a daemon thread, so long phases (loading a 27B target, a slow checkpoint)
+        still look alive; a hung training loop shows up as `step` not advancing, not as a stale file."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.write()
+            except OSError:  # a full disk must not kill training; the next write retries
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

@@ -1,0 +1,135 @@
+"""The DFlash objective: gamma-weighted, chunked head + loss, hard CE or soft KL, and its metrics.
+
+The frozen lm_head is applied `chunk` rows at a time inside one autograd Function that computes the
+loss and, in the same pass, the gradient w.r.t. the drafter's hidden states (the head is frozen, so
+no weight gradient is needed). Full-vocabulary logits exist for one chunk at a time only, and the
+backward costs no second head forward: 2 head matmuls per row in total (forward + input gradient).
+
+Legend: N supervised rows, H hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dflash_trainer.blocks import block_labels, slot_weights
+
+
+class _ChunkedHeadLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, labels_N, row_w_N, target_NH, chunk: int):
+        need_grad = ctx.needs_input_grad[0]
+        total = torch.zeros((), dtype=torch.float32, device=hidden_NH.device)
+        correct = torch.zeros(hidden_NH.shape[0], dtype=torch.bool, device=hidden_NH.device)
+        grad = torch.empty_like(hidden_NH) if need_grad else None
+        for s in range(0, hidden_NH.shape[0], chunk):
+            h = hidden_NH[s:s + chunk].to(weight_VH.dtype)
+            logp = torch.log_softmax((h @ weight_VH.T).float(), dim=-1)      # [n, V]
+            w = row_w_N[s:s + chunk].float()
+            if target_NH is None:  # hard labels: CE against the data token
+                y = labels_N[s:s + chunk]
+                total += -(logp.gather(1, y[:, None]).squeeze(1) * w).sum()
+                correct[s:s + chunk] = logp.argmax(-1) == y
+                if need_grad:
+                    dlogits = logp.exp()
+                    dlogits.scatter_add_(1, y[:, None], -torch.ones_like(dlogits[:, :1]))
+            else:  # soft labels: KL(p_target || p_draft) to the target's own distribution
+                t = target_NH[s:s + chunk].to(weight_VH.dtype)
+                logq = torch.log_softmax((t @ weight_VH.T).float(), dim=-1)
+                q = logq.exp()
+                total += ((q * (logq - logp)).sum(-1) * w).sum()
+                correct[s:s + chunk] = logp.argmax(-1) == logq.argmax(-1)
+                if need_grad:
+                    dlogits = logp.exp() - q
+            if need_grad:
+                grad[s:s + chunk] = ((dlogits * w[:, None]).to(weight_VH.dtype) @ weight_VH).to(grad.dtype)
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(correct)
+        return total, correct
+
+    @staticmethod
+    def backward(ctx, grad_total, grad_correct):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_total.to(grad.dtype), None, None, None, None, None
+
+
+def chunked_head_loss(hidden_NH, weight_VH, labels_N, row_w_N, target_NH=None, chunk: int = 4096):
+    """Σ_rows w·ℓ (not normalized) and per-row top-1 correctness. ℓ = CE(labels) or KL(target || draft)
+    where the target distribution is softmax(target_NH @ weight.T)."""
+    return _ChunkedHeadLoss.apply(hidden_NH, weight_VH, labels_N, row_w_N, target_NH, chunk)
+
+
+def reference_head_loss(hidden_NH, weight_VH, labels_N, row_w_N, target_NH=None):
+    """Unchunked, autograd-only version of chunked_head_loss, for tests."""
+    logits = hidden_NH.float() @ weight_VH.float().T
+    if target_NH is None:
+        per_row = F.cross_entropy(logits, labels_N, reduction="none")
+    else:
+        logq = torch.log_softmax(target_NH.float() @ weight_VH.float().T, dim=-1)
+        per_row = F.kl_div(torch.log_softmax(logits, -1), logq, log_target=True, reduction="none").sum(-1)
+    return (per_row * row_w_N).sum()
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor            # scalar, Σ w·m·ℓ / Σ w·m
+    slot_correct: torch.Tensor    # [S] correct predictions per slot (unweighted counts)
+    slot_count: torch.Tensor      # [S] supervised positions per slot
+    num_rows: int
+
+
+def dflash_loss(hidden_BQH, lm_head_weight, input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA,
+                block_size: int, gamma: float, target_last_BTH=None, chunk: int = 4096) -> LossOutput:
+    """The DFLASH.md objective for one micro-batch of drafter outputs.
+
+    target_last_BTH: the target's final-normed last hidden state; given -> soft labels from index a+k-1."""
+    B, A = anchors_BA.shape
+    labels, m = block_labels(input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA, block_size)
+    w_S = slot_weights(block_size, gamma, device=hidden_BQH.device)
+    row_w = (w_S * m).flatten()                                  # [B*A*S]
+    keep = m.flatten().nonzero().squeeze(1)                      # only supervised rows reach the head
+    hidden = hidden_BQH.reshape(B * A * block_size, -1)[keep]
+    target = None
+    if target_last_BTH is not None:
+        # The target's distribution for x_{a+k} comes from its state at a+k-1.
+        pos = (anchors_BA[:, :, None] + torch.arange(block_size, device=anchors_BA.device) - 1).clamp(min=0)
+        flat = (pos + torch.arange(B, device=pos.device)[:, None, None] * target_last_BTH.shape[1]).flatten()[keep]
+        target = target_last_BTH.reshape(-1, target_last_BTH.shape[-1])[flat]
+    total, correct = chunked_head_loss(hidden, lm_head_weight, labels.flatten()[keep], row_w[keep], target, chunk)
+    denom = row_w.sum().clamp(min=1e-6)
+    slot = keep % block_size
+    slot_correct = torch.zeros(block_size, device=hidden.device).index_add_(0, slot, correct.float())
+    slot_count = torch.zeros(block_size, device=hidden.device).index_add_(
+        0, slot, torch.ones_like(slot, dtype=torch.float32))
+    return LossOutput(total / denom, slot_correct, slot_count, int(keep.numel()))
+
+
+def acceptance_proxy(slot_acc: list[float]) -> float:
+    """Expected acceptance length 1 + Σ_k Π_{j<=k} acc_j over slots 1..S-1 (slot 0 is the given token)."""
+    tau, run = 1.0, 1.0
+    for acc in slot_acc[1:]:
+        run *= acc
+        tau += run
+    return tau
+
+
+def noise_amplitude(step: int, total_steps: int, start: float, end: float) -> float:
+    """Linear schedule from start (step 0) to end (last step)."""
+    if total_steps <= 1:
+        return end
+    frac = min(max(step / (total_steps - 1), 0.0), 1.0)
+    return start + (end - start) * frac
+
+
+def add_uniform_noise(taps: list[torch.Tensor], amplitude: float, generator: torch.Generator | None) -> list[torch.Tensor]:
+    """U(-amplitude, amplitude) added to each tapped feature (absolute units, as in speculators)."""
+    if amplitude <= 0:
+        return taps
+    out = []
+    for t in taps:
+        u = torch.rand(t.shape, generator=generator, device=t.device, dtype=torch.float32)
+        out.append(t + ((2 * u - 1) * amplitude).to(t.dtype))
+    return out

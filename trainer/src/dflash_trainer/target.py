@@ -1,0 +1,43 @@
+"""The frozen target: a HF causal LM from a local directory, returning its tapped hidden states.
+
+Feature of tapped layer id i = the output of decoder layer i = HF `hidden_states[i + 1]` (DFLASH.md).
+For soft labels it also returns the final-normed last hidden state (`last_hidden_state`); the loss
+applies lm_head to it chunk by chunk, so full-vocabulary logits never exist for a whole batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class FrozenTarget:
+    def __init__(self, model_dir: str, device: torch.device, layer_ids: list[int], need_last_hidden: bool):
+        from transformers import AutoModelForCausalLM
+
+        # bf16 on GPU (the serving dtype); fp32 on CPU, where bf16 matmuls are slow and tests want exactness.
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        self.model.requires_grad_(False)
+        self.config = self.model.config
+        self.device = device
+        self.layer_ids = list(layer_ids)
+        self.need_last_hidden = need_last_hidden
+        num_layers = getattr(self.config, "text_config", self.config).num_hidden_layers
+        if max(self.layer_ids) >= num_layers - 1:
+            # hidden_states[num_layers] is the final-normed output in transformers 5, not layer output.
+            raise ValueError(f"--target-layer-ids {self.layer_ids} must be below {num_layers - 1}")
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @torch.no_grad()
+    def __call__(self, input_ids_BT: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        # Right padding under a causal mask never changes the states of real positions, so no
+        # attention_mask is passed (it would force the slower masked attention path).
+        out = self.model.model(input_ids=input_ids_BT.to(self.device), output_hidden_states=True, use_cache=False)
+        taps = [out.hidden_states[i + 1] for i in self.layer_ids]
+        last = out.last_hidden_state if self.need_last_hidden else None
+        return taps, last

@@ -1,0 +1,255 @@
+"""The training loop: devices, build, resume, loop { step, log when due, checkpoint when due }, finish.
+
+Entered from cli.main after the first heartbeat. Refusals that need torch (GPUs that do not exist,
+GPU lists without CUDA) raise StartupError before any weights load.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import threading
+import time
+import zlib
+
+import numpy as np
+import torch
+
+from dflash_trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids
+from dflash_trainer.data import BatchLoader, TokenizedDataset
+from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.heartbeat import Heartbeat
+from dflash_trainer.loss import acceptance_proxy, noise_amplitude
+from dflash_trainer.step import derived_seed, drafter_micro_batch
+from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, Profiler
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def resolve_devices(cfg: TrainConfig) -> tuple[torch.device, torch.device]:
+    """Rule: --device cpu -> CPU (GPU lists ignored, noted). auto/cuda with CUDA -> the target on the first
+    --target-gpus entry and the drafter on the first --drafter-gpus entry (an empty list falls back to
+    the other list, then GPU 0). Without CUDA: cuda is refused; auto runs on the CPU only if both GPU
+    lists are empty, so a misconfigured GPU host never trains silently on its CPU."""
+    gpus = cfg.target_gpus + cfg.drafter_gpus
+    cpu = torch.device("cpu")
+    if cfg.device == "cpu":
+        if gpus:
+            log(f"note: --device cpu: ignoring --target-gpus/--drafter-gpus {gpus}")
+        return cpu, cpu
+    if not torch.cuda.is_available():
+        if cfg.device == "cuda":
+            raise StartupError("--device cuda but CUDA is not available here; use a GPU host or --device cpu")
+        if gpus:
+            raise StartupError(f"GPUs {sorted(set(gpus))} requested but CUDA is not available; "
+                               "pass --target-gpus '' --drafter-gpus '' (or --device cpu) to train on the CPU")
+        log("note: no CUDA and no GPUs requested: training on the CPU")
+        return cpu, cpu
+    count = torch.cuda.device_count()
+    missing = sorted({g for g in gpus if g >= count})
+    if missing:
+        raise StartupError(f"GPUs {missing} do not exist (this host shows {count}: 0..{count - 1}); "
+                           "fix --target-gpus/--drafter-gpus (indices are after CUDA_VISIBLE_DEVICES)")
+    t = (cfg.target_gpus or cfg.drafter_gpus or [0])[0]
+    d = (cfg.drafter_gpus or cfg.target_gpus or [0])[0]
+    if len(cfg.target_gpus) > 1 or len(cfg.drafter_gpus) > 1:
+        log(f"note: single-process trainer: target on cuda:{t}, drafter on cuda:{d}; other listed GPUs stay idle")
+    return torch.device("cuda", t), torch.device("cuda", d)
+
+
+def lr_lambda(total_steps: int, warmup_steps: int):
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    return f
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
+    from transformers import AutoConfig
+
+    target_device, drafter_device = resolve_devices(cfg)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    target_config = AutoConfig.from_pretrained(cfg.target_model)
+    num_target_layers = getattr(target_config, "text_config", target_config).num_hidden_layers
+    layer_ids = cfg.target_layer_ids or default_target_layer_ids(num_target_layers, cfg.num_target_taps)
+    drafter_cfg = DrafterConfig.from_target(target_config, cfg.num_draft_layers, layer_ids, cfg.block_size,
+                                            cfg.mask_token_id, cfg.split_fc_layers)
+    dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
+    loader = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size)
+
+    # --- weights load from here on ---
+    from dflash_trainer.target import FrozenTarget
+    target = FrozenTarget(cfg.target_model, target_device, layer_ids, need_last_hidden=cfg.use_soft_labels)
+    drafter = DFlashDrafter(drafter_cfg).to(drafter_device)
+    drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
+    if drafter_device.type == "cuda":  # frozen tables stay bf16 like the target; trainable weights fp32 master
+        drafter.embed_tokens.to(torch.bfloat16)
+        drafter.lm_head.to(torch.bfloat16)
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    steps_per_epoch = math.ceil(loader.batches_in_epoch(0) / cfg.grad_accum)
+    total_steps = cfg.epochs * steps_per_epoch
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+    warmup_steps = max(1, math.ceil(cfg.warmup_ratio * total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, warmup_steps))
+
+    step, num_bad_total = 0, 0
+    resume_from = find_latest(cfg.output_dir)
+    if resume_from is not None:
+        model_state, saved_cfg, state = load_checkpoint(resume_from)
+        if DrafterConfig.from_dict(saved_cfg) != drafter_cfg:
+            raise StartupError(f"checkpoint {resume_from} was trained with a different drafter config; "
+                               "use a new --output-dir or the original flags")
+        drafter.load_trainable_state_dict(model_state)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        loader.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        step, num_bad_total = state["step"], state.get("num_bad_steps", 0)
+        log(f"resumed from {resume_from} at step {step} (epoch {loader.epoch}, batch {loader.batch_index})")
+
+    num_params = sum(p.numel() for p in trainable)
+    log(f"target {cfg.target_model}: {num_target_layers} layers on {target_device}; taps {layer_ids}")
+    log(f"drafter: {cfg.num_draft_layers} layers, hidden {drafter_cfg.hidden_size}, {num_params / 1e6:.2f} M "
+        f"trainable params on {drafter_device}; block {cfg.block_size}, <= {cfg.max_anchors} anchors/sequence, "
+        f"gamma {cfg.gamma}, {'soft' if cfg.use_soft_labels else 'hard'} labels, mask token {cfg.mask_token_id}")
+    log(f"data: {len(dataset)} sequences, {int(dataset.lengths.sum())} tokens "
+        f"({dataset.num_supervised_tokens} supervised); {loader.batches_in_epoch(0)} micro-batches/epoch")
+    log(f"tokens per optimizer step: <= {cfg.token_budget} budget x {cfg.grad_accum} accumulation = "
+        f"{cfg.token_budget * cfg.grad_accum}; draft positions per step: <= {cfg.max_batch_size} x "
+        f"{cfg.max_anchors} x {cfg.block_size} x {cfg.grad_accum}")
+    log(f"optimizer steps: {total_steps} ({steps_per_epoch}/epoch x {cfg.epochs} epochs"
+        f"{f', capped by --max-steps {cfg.max_steps}' if cfg.max_steps else ''}), warmup {warmup_steps}, "
+        f"peak lr {cfg.lr}")
+
+    metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl"))
+    profiler = Profiler(cfg.run_dir, cfg.profile_interval)
+    nvml = NvmlTelemetry(cfg.run_dir, cfg.profile_interval, sorted({target_device.index, drafter_device.index} - {None}))
+
+    def checkpoint() -> None:
+        heartbeat.set_phase("checkpointing")
+        t0 = time.perf_counter()
+        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "data": loader.state_dict(), "rng": rng_state(), "step": step, "num_bad_steps": num_bad_total,
+                 "config": cfg.to_dict()}
+        path = save_checkpoint(cfg.output_dir, step, drafter.trainable_state_dict(), drafter_cfg.to_dict(), state,
+                               cfg.keep_checkpoints)
+        profiler.add("checkpoint", time.perf_counter() - t0)
+        log(f"checkpoint {path} ({time.perf_counter() - t0:.2f} s)")
+
+    heartbeat.set_phase("training", step=step, epoch=loader.epoch)
+    last_saved = step if resume_from else -1
+    num_bad_in_row = 0
+    window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+    drafter.train()
+    while step < total_steps and loader.epoch < cfg.epochs and not stop.is_set():
+        t_step = time.perf_counter()
+        amp = noise_amplitude(step, total_steps, cfg.noise_start, cfg.noise_end) if cfg.noise == "uniform" else 0.0
+        loss_sum, tokens, n_micro = 0.0, 0, 0
+        correct = count = None
+        for micro in range(cfg.grad_accum):
+            if loader.batch_index >= loader.batches_in_epoch() and loader.epoch + 1 >= cfg.epochs:
+                break  # the last epoch is exhausted mid-step: train on what this step got
+            t0 = time.perf_counter()
+            batch = loader.next_batch()
+            window["crc"] = zlib.crc32(str(batch.indices).encode(), window["crc"])
+            t1 = time.perf_counter()
+            taps, last = target(batch.input_ids)
+            t2 = time.perf_counter()
+            out = drafter_micro_batch(drafter, taps, last, batch.input_ids, batch.loss_mask, batch.lengths,
+                                      max_anchors=cfg.max_anchors, gamma=cfg.gamma, noise_amplitude=amp,
+                                      seed=derived_seed(cfg.seed, step, micro), head_chunk_size=cfg.head_chunk_size)
+            (out.loss / cfg.grad_accum).backward()
+            t3 = time.perf_counter()
+            profiler.add("data", t1 - t0)
+            profiler.add("target", t2 - t1)
+            profiler.add("drafter_fwd_bwd", t3 - t2)
+            loss_sum = loss_sum + out.loss.detach()
+            correct = out.slot_correct if correct is None else correct + out.slot_correct
+            count = out.slot_count if count is None else count + out.slot_count
+            tokens += batch.num_tokens
+            n_micro += 1
+        if n_micro == 0:
+            break
+        t0 = time.perf_counter()
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        loss_value = float(loss_sum) / n_micro  # the one host sync per optimizer step
+        if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
+            optimizer.zero_grad(set_to_none=True)
+            num_bad_in_row += 1
+            num_bad_total += 1
+            log(f"step {step}: non-finite loss {loss_value} / grad norm {float(grad_norm)}: update skipped "
+                f"({num_bad_in_row} in a row, {num_bad_total} total)")
+            if num_bad_in_row >= cfg.max_bad_steps:
+                raise RuntimeError(f"{num_bad_in_row} non-finite steps in a row at step {step}; lower --lr or "
+                                   f"check the data (--max-bad-steps {cfg.max_bad_steps})")
+            continue
+        num_bad_in_row = 0
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        profiler.add("optimizer", time.perf_counter() - t0)
+
+        elapsed = time.perf_counter() - t_step
+        window["loss"] += loss_value
+        window["tokens"] += tokens
+        window["time"] += elapsed
+        window["steps"] += 1
+        window["correct"] = correct if window["correct"] is None else window["correct"] + correct
+        window["count"] = count if window["count"] is None else window["count"] + count
+        heartbeat.update(step=step, epoch=loader.epoch, loss=loss_value, tokens_per_s=tokens / max(elapsed, 1e-9))
+        if step % cfg.log_interval == 0 or step == total_steps:
+            acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
+            row = {"step": step, "epoch": loader.epoch, "loss": window["loss"] / window["steps"],
+                   "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
+                   "tokens_per_s": window["tokens"] / window["time"], "lr": scheduler.get_last_lr()[0],
+                   "noise": amp, "grad_norm": float(grad_norm), "num_bad_steps": num_bad_total,
+                   "data_crc": window["crc"], "time": time.time()}
+            metrics.write(row)
+            log(f"step {step} epoch {loader.epoch} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
+                f"tau {row['tau_proxy']:.3f} tokens/s {row['tokens_per_s']:.1f} lr {row['lr']:.3e} noise {amp:.4f}")
+            window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+        profiler.maybe_write(step)
+        nvml.maybe_write(step)
+        if step % cfg.checkpoint_interval == 0 and not stop.is_set():
+            checkpoint()
+            last_saved = step
+            heartbeat.set_phase("training")
+
+    if last_saved != step:
+        checkpoint()
+    profiler.maybe_write(step, force=True)
+    if stop.is_set():
+        log(f"SIGTERM: stopped at step {step} after checkpointing")
+        heartbeat.set_phase("finished", step=step, epoch=loader.epoch, stopped="SIGTERM")
+    else:
+        log(f"finished: {step} optimizer steps")
+        heartbeat.set_phase("finished", step=step, epoch=loader.epoch)
+    return 0
