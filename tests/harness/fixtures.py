@@ -107,6 +107,13 @@ class Container:
         lxc.attach(self.name, "sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"', "sh",
                    path, mode, input=text)
 
+    def put(self, src: Path, dest: str) -> None:
+        """Copy a host file into the running container (binary-safe, through lxc-attach's stdin)."""
+        with open(src, "rb") as fh:
+            subprocess.run(["lxc-attach", "-n", self.name, "--clear-env", "--", "/bin/sh", "-c",
+                            'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", dest], stdin=fh, check=True,
+                           timeout=120)
+
     def kill_matching(self, pattern: str) -> None:
         lxc.attach(self.name, "pkill", "-KILL", "-f", "--", pattern, check=False)
 
@@ -132,20 +139,34 @@ def _prepare_clone(gold: str, vmid: int, start: bool = True) -> Container:
 def install_trainer(c: Container, wheel: Path) -> float:
     """pip install the project's trainer wheel into the golden venv of a running clone (offline)."""
     t0 = time.monotonic()
-    root = Path(f"/proc/{lxc.init_pid(c.name)}/root")
-    shutil.copy2(wheel, root / "tmp" / wheel.name)
-    c.sh(f"{CT_VENV}/bin/pip install -q --no-index --find-links {CT_WHEELS} /tmp/{wheel.name} && "
+    c.put(wheel, f"/opt/dflash/{wheel.name}")
+    c.sh(f"{CT_VENV}/bin/pip install -q --no-index --find-links {CT_WHEELS} /opt/dflash/{wheel.name} && "
          f"ln -sf {CT_VENV}/bin/dflash-train {CT_VENV}/bin/dflash-make-tiny /usr/local/bin/", timeout=600)
     return time.monotonic() - t0
 
 
+TINY_DIR = "/workspace/tiny"  # inventories/harness/group_vars: target_model/data_dir point here
+
+
+def make_tiny(c: Container) -> float:
+    """A tiny random target + dataset inside the container (dflash-make-tiny from the installed trainer)."""
+    t0 = time.monotonic()
+    c.sh(f"dflash-make-tiny --target-dir {TINY_DIR}/target --data-dir {TINY_DIR}/data >/dev/null 2>&1 || "
+         f"dflash-make-tiny --target-dir {TINY_DIR}/target --data-dir {TINY_DIR}/data", timeout=300)
+    return time.monotonic() - t0
+
+
 @pytest.fixture
-def make_container(golden):
+def make_container(golden, request):
     made: list[Container] = []
 
-    def make(vmid: int = 200, start: bool = True) -> Container:
+    def make(vmid: int = 200, start: bool = True, trainer: bool = False) -> Container:
         c = _prepare_clone(golden, vmid, start)
         made.append(c)
+        if trainer:
+            wheel = request.getfixturevalue("trainer_wheel")
+            c.timings["trainer_install"] = install_trainer(c, wheel)
+            c.timings["make_tiny"] = make_tiny(c)
         return c
 
     yield make

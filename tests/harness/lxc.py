@@ -85,9 +85,13 @@ def attach(name: str, *cmd: str, check: bool = True, timeout: float = 600, env: 
     for k, v in base_env.items():
         argv += ["-v", f"{k}={v}"]
     argv += ["--", *cmd]
-    return subprocess.run(argv, check=check, timeout=timeout, text=True, input=input,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          stdin=None if input is not None else subprocess.DEVNULL)
+    p = subprocess.run(argv, check=False, timeout=timeout, text=True, input=input,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       stdin=None if input is not None else subprocess.DEVNULL)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"in container {name}: {cmd!r} exited {p.returncode}\n"
+                           f"stdout: {p.stdout[-2000:]}\nstderr: {p.stderr[-3000:]}")
+    return p
 
 
 def sh(name: str, script: str, **kw) -> subprocess.CompletedProcess:

@@ -78,6 +78,7 @@ PrintLastLog no
 LogLevel INFO
 MaxStartups 50:30:100
 MaxSessions 50
+Subsystem sftp internal-sftp
 SetEnv PATH={self.path_env()}
 """)
 
