@@ -71,8 +71,8 @@ options:
     type: list
     elements: str
   trainer_args:
-    description: Trainer flags; C(key) becomes C(--key) (C(_) → C(-)); V(true) is a bare flag, V(false) and
-      null are left out, a list is comma-joined.
+    description: Trainer flags; C(key) becomes C(--key=value) (C(_) → C(-)); V(true) is a bare flag, V(false)
+      and null are left out, a list is comma-joined.
     type: dict
     default: {}
   env:

@@ -34,7 +34,7 @@ def _absolute(path, what):
 
 
 def trainer_argv(command, trainer_args):
-    """command + ``--flag value`` pairs: true → bare flag, false/None → left out, list → comma-joined."""
+    """command + ``--flag=value`` items: true → bare flag, false/None → left out, list → comma-joined."""
     if not command or not all(isinstance(c, str) and c for c in command):
         raise ValueError("command must be a non-empty list of strings (the trainer executable first), got %r"
                          % (command,))
@@ -48,12 +48,12 @@ def trainer_argv(command, trainer_args):
             continue
         if value is True:
             argv.append("--" + flag)
-        elif isinstance(value, (list, tuple)):
-            argv += ["--" + flag, ",".join(str(v) for v in value)]
         elif isinstance(value, dict):
             raise ValueError("trainer flag %r has a mapping value; give a string, number, bool or list" % key)
         else:
-            argv += ["--" + flag, str(value)]
+            # --flag=value: a value that starts with '-' (or is --help) can never be read as a flag.
+            text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+            argv.append("--%s=%s" % (flag, text))
     if any("\0" in a for a in argv):
         raise ValueError("the trainer command contains a NUL byte, which no process can receive")
     return argv

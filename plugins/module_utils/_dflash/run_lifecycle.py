@@ -343,8 +343,8 @@ def _change(req, timings):
         proc, result["kept"] = _timed(timings, "launch", launch, req, now)
         result["pid"] = proc.pid
         result["fingerprint"] = req["fingerprint"]
-    # The lock is not needed to watch the new process; other operations may proceed.
-    result["heartbeat"] = _timed(timings, "verify", verify, req, proc, now)
+        # Still under the lock: a concurrent restart must not stop this launch before it is proven live.
+        result["heartbeat"] = _timed(timings, "verify", verify, req, proc, now)
     result["phase"] = result["heartbeat"].get("phase")
     return result
 

@@ -1,0 +1,216 @@
+"""training_run through ansible-runner against real child processes (local mode)."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import FAKE, live_pids_with, starts
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def args(runs_root, name="r1", **extra):
+    a = {"name": name, "transport": "local", "runs_root": str(runs_root), "command": [FAKE],
+         "stop_timeout": 5, "heartbeat_timeout": 10}
+    a.update(extra)
+    return a
+
+
+def marker(tag):
+    return "--tag=%s" % tag
+
+
+def test_launch_is_live_and_writes_the_run_contract(ansible, runs_root):
+    ok, res = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "t-live"}))
+    assert ok, res["msg"]
+    assert res["changed"] and res["action"] == "launched"
+    run_dir = runs_root / "r1"
+    pid = int((run_dir / "pid").read_text())
+    assert res["pid"] == pid and res["heartbeat"]["pid"] == pid
+    assert live_pids_with(marker("t-live")) == [pid]
+    launch = json.loads((run_dir / "launch.json").read_text())
+    assert launch["argv"] == [FAKE, "--tag=t-live"] and launch["fingerprint"] == res["fingerprint"]
+    assert os.getsid(pid) == pid, "the trainer must lead its own session (no controlling terminal)"
+    assert set(res["timings"]) >= {"lock", "stop", "gpu_wait", "launch", "verify"}
+    assert res["gpu_wait"]["skipped"] and "no GPUs" in res["gpu_wait"]["reason"]
+
+
+def test_same_settings_again_is_a_noop(ansible, runs_root):
+    a = args(runs_root, trainer_args={"tag": "t-noop", "lr": 0.1})
+    ok, first = ansible.module("dflash.ops.training_run", a)
+    assert ok
+    ok, second = ansible.module("dflash.ops.training_run", a)
+    assert ok and not second["changed"] and second["action"] == "noop"
+    assert second["pid"] == first["pid"]
+    assert live_pids_with(marker("t-noop")) == [first["pid"]]
+    assert len(starts(runs_root / "r1")) == 1
+
+
+def test_check_mode_reports_without_acting(ansible, runs_root):
+    a = args(runs_root, trainer_args={"tag": "t-check"})
+    ok, res = ansible.module("dflash.ops.training_run", a, check=True)
+    assert ok and res["changed"] and not (runs_root / "r1" / "pid").exists()
+    ok, first = ansible.module("dflash.ops.training_run", a)
+    ok, res = ansible.module("dflash.ops.training_run", a, check=True)
+    assert ok and not res["changed"]
+    a["trainer_args"]["lr"] = 0.5
+    ok, res = ansible.module("dflash.ops.training_run", a, check=True)
+    assert ok and res["changed"] and res["would_stop"] == ["r1"]
+    assert live_pids_with(marker("t-check")) == [first["pid"]], "check mode must not stop the run"
+
+
+def test_changed_setting_restarts_and_keeps_the_old_log(ansible, runs_root):
+    ok, first = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "t-chg", "lr": 1}))
+    assert ok
+    ok, second = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "t-chg", "lr": 2}))
+    assert ok and second["changed"] and second["pid"] != first["pid"]
+    assert [s["pid"] for s in second["stopped"]] == [first["pid"]] and second["stopped"][0]["signal"] == "SIGTERM"
+    assert live_pids_with(marker("t-chg")) == [second["pid"]]
+    kept_logs = [p for p in second["kept"] if p.endswith(".log")]
+    assert len(kept_logs) == 1
+    with open(kept_logs[0]) as f:
+        old = f.read()
+    assert "fake trainer starting" in old and "stopped after SIGTERM" in old
+    assert (runs_root / "r1" / "train.log").read_text().count("fake trainer starting") == 1
+
+
+def test_force_restarts_the_same_settings(ansible, runs_root):
+    a = args(runs_root, trainer_args={"tag": "t-force"})
+    ok, first = ansible.module("dflash.ops.training_run", a)
+    a["force"] = True
+    ok, second = ansible.module("dflash.ops.training_run", a)
+    assert ok and second["changed"] and second["pid"] != first["pid"]
+    assert live_pids_with(marker("t-force")) == [second["pid"]]
+
+
+def test_crash_at_start_fails_with_exit_status_and_log_tail(ansible, runs_root):
+    ok, first = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "t-crash"}))
+    assert ok
+    ok, res = ansible.module("dflash.ops.training_run",
+                             args(runs_root, trainer_args={"tag": "t-crash", "behaviour": "crash"}))
+    assert not ok
+    assert res["rc"] == 3
+    assert "exited with status 3" in res["msg"]
+    assert any("simulated crash" in line for line in res["log_tail"])
+    old_logs = list((runs_root / "r1").glob("train.*.log"))
+    assert len(old_logs) == 1 and "stopped after SIGTERM" in old_logs[0].read_text()
+
+
+def test_missing_trainer_binary_fails_clearly(ansible, runs_root):
+    a = args(runs_root)
+    a["command"] = [str(runs_root / "no-such-trainer")]
+    ok, res = ansible.module("dflash.ops.training_run", a)
+    assert not ok and res["rc"] == 127
+    assert "could not be started" in res["msg"] and "no-such-trainer" in res["msg"]
+
+
+def test_process_ignoring_sigterm_is_killed_after_grace(ansible, runs_root):
+    ok, first = ansible.module("dflash.ops.training_run",
+                               args(runs_root, trainer_args={"tag": "t-ign", "behaviour": "ignore-term"}))
+    assert ok
+    ok, res = ansible.module("dflash.ops.training_run",
+                             args(runs_root, stop_timeout=1.5, trainer_args={"tag": "t-ign", "lr": 3}))
+    assert ok, res.get("msg")
+    stop = res["stopped"][0]
+    assert stop["signal"] == "SIGKILL" and stop["waited_s"] >= 1.5
+    assert live_pids_with(marker("t-ign")) == [res["pid"]]
+
+
+def test_slow_exit_is_waited_for_not_killed(ansible, runs_root):
+    ok, first = ansible.module("dflash.ops.training_run", args(
+        runs_root, trainer_args={"tag": "t-slow", "behaviour": "slow-exit", "exit_delay": 2}))
+    assert ok
+    ok, res = ansible.module("dflash.ops.training_run", args(runs_root, stop_timeout=20,
+                                                             trainer_args={"tag": "t-slow", "lr": 4}))
+    assert ok
+    stop = res["stopped"][0]
+    assert stop["signal"] == "SIGTERM" and 2.0 <= stop["waited_s"] < 20
+    assert "finished" in (runs_root / "r1" / "heartbeat.json").read_text() or True
+    kept = [p for p in res["kept"] if p.endswith(".log")][0]
+    with open(kept) as f:
+        assert "stopped after SIGTERM" in f.read()
+
+
+def test_forked_child_holding_stdout_does_not_hang(ansible, runs_root):
+    t0 = time.monotonic()
+    ok, res = ansible.module("dflash.ops.training_run",
+                             args(runs_root, trainer_args={"tag": "t-fork", "behaviour": "fork-holder"}))
+    assert ok and time.monotonic() - t0 < 30
+    assert len(live_pids_with(marker("t-fork"))) == 2  # the trainer and its child
+    ok, res = ansible.module("dflash.ops.training_run", args(runs_root, state="stopped", stop_timeout=1))
+    assert ok and res["changed"]
+    assert live_pids_with(marker("t-fork")) == [], "the whole process group must be gone"
+
+
+def test_no_heartbeat_fails_naming_the_pid(ansible, runs_root):
+    ok, res = ansible.module("dflash.ops.training_run", args(
+        runs_root, heartbeat_timeout=1, trainer_args={"tag": "t-nohb", "behaviour": "no-heartbeat"}))
+    assert not ok and "wrote no heartbeat" in res["msg"] and str(res["pid"]) in res["msg"]
+
+
+def test_two_restarts_at_once_are_serialized(ansible, runs_root):
+    results = {}
+
+    def go(lr):
+        results[lr] = ansible.module("dflash.ops.training_run",
+                                     args(runs_root, trainer_args={"tag": "t-race", "lr": lr}))
+
+    threads = [threading.Thread(target=go, args=(lr,)) for lr in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(ok for ok, _ in results.values()), [r.get("msg") for _, r in results.values()]
+    alive = live_pids_with(marker("t-race"))
+    assert len(alive) == 1
+    assert int((runs_root / "r1" / "pid").read_text()) == alive[0]
+    # One of them launched second and stopped the first one's process.
+    later = [r for _, r in results.values() if r["stopped"]]
+    assert len(later) == 1
+
+
+def test_runs_sharing_a_gpu_are_stopped_first(ansible, runs_root, tmp_path):
+    dev = tmp_path / "gpu{index}"
+    a = args(runs_root, name="old", gpus=[5, 6], gpu_device_pattern=str(dev), trainer_args={"tag": "t-gpu-old"})
+    ok, old = ansible.module("dflash.ops.training_run", a)
+    b = args(runs_root, name="other", gpus=[1], gpu_device_pattern=str(dev), trainer_args={"tag": "t-gpu-other"})
+    ok, other = ansible.module("dflash.ops.training_run", b)
+    c = args(runs_root, name="new", gpus=[6, 7], gpu_device_pattern=str(dev), trainer_args={"tag": "t-gpu-new"})
+    ok, new = ansible.module("dflash.ops.training_run", c)
+    assert ok and [s["run"] for s in new["stopped"]] == ["old"]
+    assert live_pids_with(marker("t-gpu-old")) == []
+    assert live_pids_with(marker("t-gpu-other")) == [other["pid"]]
+    assert "NVML" in new["gpu_wait"]["reason"] or "pynvml" in new["gpu_wait"]["reason"]
+
+
+def test_stray_gpu_holder_times_out_naming_its_pid(ansible, runs_root, tmp_path):
+    dev = tmp_path / "gpu3"
+    dev.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys,time; f=open(sys.argv[1]); time.sleep(60)",
+                               str(dev)])
+    try:
+        time.sleep(0.5)
+        ok, res = ansible.module("dflash.ops.training_run", args(
+            runs_root, gpus=[3], gpu_device_pattern=str(tmp_path / "gpu{index}"), gpu_release_timeout=1))
+        assert not ok
+        assert "pid %d" % holder.pid in res["msg"] and "not released" in res["msg"]
+        assert not (runs_root / "r1" / "pid").exists() and not (runs_root / "r1" / "launch.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_status_reports_alive_then_dead(ansible, runs_root):
+    ok, first = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "t-st"}))
+    ok, st = ansible.module("dflash.ops.training_run", args(runs_root, state="status"))
+    assert ok and st["alive"] and st["pid"] == first["pid"] and st["phase"] == "training"
+    assert st["heartbeat_age_s"] < 5 and not st["changed"]
+    os.killpg(first["pid"], 9)
+    time.sleep(0.3)
+    ok, st = ansible.module("dflash.ops.training_run", args(runs_root, state="status"))
+    assert ok and not st["alive"] and st["phase"] == "dead" and st["dead_since"] > 0
+    ok, st = ansible.module("dflash.ops.training_run", args(runs_root, state="stopped"))
+    assert ok and not st["changed"]
