@@ -5,7 +5,7 @@ saved with save_pretrained (safetensors) plus added_tokens.json naming `<|MASK|>
 dflash-train finds the mask token without a flag. No tokenizer: the data is already token ids.
 
 Data: each sequence is a "prompt" of random ids in [2, 256) (loss_mask 0) followed by an "answer"
-(loss_mask 1) that counts through [256, 496) with stride d = 1 + prompt[0] % 3, wrapping around.
+(loss_mask 1) that counts through [256, 304) with stride d = 1 + prompt[0] % 3, wrapping around.
 Slot k of a block at anchor a must predict x_a + k*d: the drafter sees x_a in its own block and can
 read d from the context features, so the loss falls quickly and per-slot accuracy climbs.
 """
@@ -19,7 +19,7 @@ import sys
 
 VOCAB = 512
 MASK_ID = 511
-ANSWER_BASE, ANSWER_RANGE = 256, 240
+ANSWER_BASE, ANSWER_RANGE = 256, 48
 
 
 def make_sequences(num_sequences: int, seed: int, min_len: int = 48, max_len: int = 240):
@@ -60,7 +60,10 @@ def write_target(target_dir: str, seed: int, num_layers: int = 8, hidden: int = 
     torch.manual_seed(seed)
     config = Qwen3Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=hidden // 4, max_position_embeddings=2048, tie_word_embeddings=False)
+                         head_dim=hidden // 4, max_position_embeddings=2048, tie_word_embeddings=False,
+                         # HF's default 0.02 makes the random lm_head's logits nearly flat (std ~0.16), so a
+                         # drafter borrowing it learns very slowly; 0.4 gives logits a usable range.
+                         initializer_range=0.4)
     model = Qwen3ForCausalLM(config)
     model.save_pretrained(target_dir, safe_serialization=True)
     with open(os.path.join(target_dir, "added_tokens.json"), "w") as f:

@@ -1,0 +1,68 @@
+"""Export: key names and config fields as DFLASH.md lists them, and an exact reload round trip."""
+
+import json
+import os
+
+import torch
+from safetensors.torch import load_file
+
+from dflash_trainer.blocks import block_inputs, dense_block_mask
+from dflash_trainer.checkpoint import save_checkpoint
+from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.export import export_checkpoint, load_exported_drafter
+from dflash_trainer.target import FrozenTarget
+
+
+def _checkpoint(tiny, tmp_path):
+    target = FrozenTarget(tiny["target"], torch.device("cpu"), [1, 3, 5], need_last_hidden=False)
+    cfg = DrafterConfig.from_target(target.config, 2, [1, 3, 5], block_size=4, mask_token_id=511)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg)
+    drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
+    save_checkpoint(str(tmp_path / "out"), 7, drafter.trainable_state_dict(), cfg.to_dict(), {"step": 7}, keep=2)
+    return target, drafter
+
+
+def test_export_keys_and_config(tiny, tmp_path):
+    _checkpoint(tiny, tmp_path)
+    export_checkpoint(str(tmp_path / "out"), tiny["target"], str(tmp_path / "export"))
+    keys = set(load_file(str(tmp_path / "export" / "model.safetensors")))
+    expected = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    for i in range(2):
+        expected |= {f"layers.{i}.self_attn.{p}_proj.weight" for p in "qkvo"}
+        expected |= {f"layers.{i}.self_attn.{p}_norm.weight" for p in "qk"}
+        expected |= {f"layers.{i}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+        expected |= {f"layers.{i}.{p}_layernorm.weight" for p in ("input", "post_attention")}
+    assert keys == expected
+    tensors = load_file(str(tmp_path / "export" / "model.safetensors"))
+    assert tensors["fc.weight"].shape == (64, 3 * 64) and tensors["fc.weight"].dtype == torch.bfloat16
+    config = json.load(open(tmp_path / "export" / "config.json"))
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                  "intermediate_size", "rms_norm_eps", "rope_theta", "vocab_size"):
+        assert field in config, field
+    assert config["hidden_size"] == 64 and config["num_hidden_layers"] == 2 and config["vocab_size"] == 512
+    assert config["num_target_layers"] == 8 and config["block_size"] == 4
+    assert config["dflash_config"] == {"mask_token_id": 511, "target_layer_ids": [1, 3, 5], "block_size": 4}
+
+
+def test_export_round_trip_identical_logits(tiny, tmp_path):
+    target, drafter = _checkpoint(tiny, tmp_path)
+    export_checkpoint(str(tmp_path / "out" / "checkpoints" / "step-7"), tiny["target"], str(tmp_path / "e"),
+                      dtype="float32")
+    reloaded = load_exported_drafter(str(tmp_path / "e"), tiny["target"])
+    ids = torch.randint(0, 500, (2, 20))
+    taps, _ = target(ids)
+    anchors, valid = torch.tensor([[2, 9], [4, 12]]), torch.ones(2, 2, dtype=torch.bool)
+    block_ids, pos = block_inputs(ids, anchors, 4, 511)
+    mask = dense_block_mask(anchors, valid, 20, 4)
+    with torch.no_grad():
+        a = drafter.eval().logits(drafter(taps, block_ids, pos, mask))
+        b = reloaded.logits(reloaded(taps, block_ids, pos, mask))
+    assert torch.equal(a, b)
+
+
+def test_export_cli_refuses_bad_checkpoint(tiny, tmp_path):
+    from dflash_trainer.export import main
+    assert main(["--checkpoint", str(tmp_path), "--target-model", tiny["target"], "--out", str(tmp_path / "x")]) == 2
+    assert not os.path.exists(tmp_path / "x" / "config.json")

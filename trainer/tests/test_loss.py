@@ -1,0 +1,57 @@
+"""The chunked head loss against plain autograd, soft vs hard labels, metrics and schedules."""
+
+import pytest
+import torch
+
+from dflash_trainer.loss import (acceptance_proxy, add_uniform_noise, chunked_head_loss, noise_amplitude,
+                                 reference_head_loss)
+
+
+def _inputs(soft, n=37, h=16, v=50):
+    torch.manual_seed(0)
+    hidden = torch.randn(n, h, requires_grad=True)
+    weight = torch.randn(v, h)
+    labels = torch.randint(0, v, (n,))
+    w = torch.rand(n)
+    target = torch.randn(n, h) if soft else None
+    return hidden, weight, labels, w, target
+
+
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("chunk", [1, 8, 1000])
+def test_chunked_equals_unchunked(soft, chunk):
+    hidden, weight, labels, w, target = _inputs(soft)
+    total, _ = chunked_head_loss(hidden, weight, labels, w, target, chunk=chunk)
+    (grad,) = torch.autograd.grad(total * 0.7, hidden)
+    ref = reference_head_loss(hidden, weight, labels, w, target)
+    (ref_grad,) = torch.autograd.grad(ref * 0.7, hidden)
+    assert torch.allclose(total, ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_soft_kl_equals_ce_for_one_hot_target():
+    """With a one-hot target distribution, KL(q || p) = -log p[label] = CE."""
+    hidden, weight, labels, w, _ = _inputs(False, v=16, h=16)
+    weight = torch.eye(16)
+    target = torch.nn.functional.one_hot(labels, 16).float() * 1e4     # softmax -> exactly one-hot
+    hard, _ = chunked_head_loss(hidden, weight, labels, w, None, chunk=5)
+    soft, correct = chunked_head_loss(hidden, weight, labels, w, target, chunk=5)
+    assert torch.allclose(hard, soft, rtol=1e-6)
+    (g_hard,) = torch.autograd.grad(chunked_head_loss(hidden, weight, labels, w, None, 5)[0], hidden)
+    (g_soft,) = torch.autograd.grad(chunked_head_loss(hidden, weight, labels, w, target, 5)[0], hidden)
+    assert torch.allclose(g_hard, g_soft, atol=1e-6)
+
+
+def test_acceptance_proxy():
+    assert acceptance_proxy([1.0, 1.0, 1.0, 1.0]) == 4.0
+    assert acceptance_proxy([0.3, 0.0, 1.0]) == 1.0
+    assert abs(acceptance_proxy([0.0, 0.5, 0.5]) - 1.75) < 1e-9
+
+
+def test_noise_schedule_and_amplitude():
+    assert noise_amplitude(0, 11, 0.05, 0.01) == pytest.approx(0.05)
+    assert noise_amplitude(10, 11, 0.05, 0.01) == pytest.approx(0.01)
+    assert noise_amplitude(5, 11, 0.05, 0.01) == pytest.approx(0.03)
+    x = torch.zeros(1000)
+    (y,) = add_uniform_noise([x], 0.05, torch.Generator().manual_seed(0))
+    assert y.abs().max() <= 0.05 and y.abs().max() > 0.04 and abs(y.mean()) < 0.01
