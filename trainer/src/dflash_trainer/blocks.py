@@ -101,7 +101,9 @@ def flex_block_mask(anchors_BA: torch.Tensor, valid_BA: torch.Tensor, T: int, bl
         own_block = (kv_idx >= T) & ((kv_idx - T) // block_size == q_block)
         return ctx_visible | own_block
 
-    return create_block_mask(mask_mod, B, None, Q, T + Q, device=anchors_BA.device)
+    # _compile: evaluating mask_mod eagerly would materialize the dense Q x (T+Q) grid first.
+    return create_block_mask(mask_mod, B, None, Q, T + Q, device=anchors_BA.device,
+                             _compile=anchors_BA.device.type == "cuda")
 
 
 @functools.cache

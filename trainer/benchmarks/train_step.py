@@ -1,0 +1,165 @@
+"""Time one DFlash drafter training step (forward + backward + AdamW) and compare with the hardware peak.
+
+No target model is needed: the drafter is built from its config, with random frozen embed_tokens /
+lm_head and random target features, so the 27B target's drafter shape runs on one H200:
+
+    python trainer/benchmarks/train_step.py --preset h200-27b --out results.json
+    python trainer/benchmarks/train_step.py --preset tiny-cpu            # the CPU demo shape
+    python trainer/benchmarks/train_step.py --hidden 4096 --layers 5 --vocab 151936 --device cuda ...
+
+The step is the trainer's own code (dflash_trainer.step.drafter_micro_batch): on CUDA bf16 autocast,
+compiled flex_attention with a create_block_mask block mask, the frozen head chunked --head-chunk rows
+at a time. FLOPs (training = forward + backward):
+  layers    3 x 2 x (Q x (q,o,MLP params) + (T+Q) x (k,v params)) per layer, + fc 3 x 2 x T x K*H x H
+  attention 3 x 4 x visible (query, key) pairs x heads x head_dim   (no recomputation counted)
+  head      2 x 2 x rows x V x H  (forward + input gradient; the head is frozen: no weight gradient)
+with Q = anchors x block query positions, T context positions, rows = supervised block slots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from dflash_trainer.blocks import sample_anchors
+from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.step import derived_seed, drafter_micro_batch
+
+PRESETS = {
+    # A Qwen3.5-27B-like target (hidden 5120, vocab 248,320), the seed run's drafter: 5 layers, block 32.
+    "h200-27b": dict(hidden=5120, layers=5, heads=24, kv_heads=4, head_dim=256, intermediate=17408,
+                     vocab=248320, seq_len=8192, block=32, anchors=1024, taps=5, batch=1, device="cuda",
+                     steps=5, warmup=3),
+    # The CPU demo shape (dflash-make-tiny target, README demo flags).
+    "tiny-cpu": dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
+                     seq_len=256, block=8, anchors=64, taps=5, batch=8, device="cpu", steps=10, warmup=2),
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named shape; flags override it")
+    for name, typ in (("hidden", int), ("layers", int), ("heads", int), ("kv-heads", int), ("head-dim", int),
+                      ("intermediate", int), ("vocab", int), ("seq-len", int), ("block", int), ("anchors", int),
+                      ("taps", int), ("batch", int), ("steps", int), ("warmup", int)):
+        p.add_argument(f"--{name}", type=typ, default=None)
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    p.add_argument("--head-chunk", type=int, default=4096, help="lm_head rows per chunk")
+    p.add_argument("--peak-tflops", type=float, default=790.0, help="hardware peak (H200 dense bf16: ~790)")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    shape = dict(PRESETS[args.preset or "tiny-cpu"])
+    for key in list(shape):
+        value = getattr(args, key.replace("-", "_"), None)
+        if value is not None:
+            shape[key] = value
+    return args, shape
+
+
+def flop_estimate(cfg: DrafterConfig, T: int, anchors: torch.Tensor, valid: torch.Tensor, rows: int) -> dict:
+    H, S, d = cfg.hidden_size, cfg.block_size, cfg.head_dim
+    Q = anchors.shape[0] * anchors.shape[1] * S
+    ctx = anchors.shape[0] * T
+    qo = 2 * H * cfg.num_attention_heads * d
+    kv = 2 * H * cfg.num_key_value_heads * d
+    mlp = 3 * H * cfg.intermediate_size
+    layer_fwd = cfg.num_hidden_layers * 2 * (Q * (qo + mlp) + (ctx + Q) * kv) + 2 * ctx * cfg.num_taps * H * H
+    pairs = int((((anchors + S) * S) * valid).sum())           # each query: a context keys + S block keys
+    attn_fwd = cfg.num_hidden_layers * 4 * pairs * cfg.num_attention_heads * d
+    head = 2 * 2 * rows * cfg.vocab_size * H
+    return {"layers": 3 * layer_fwd, "attention": 3 * attn_fwd, "head": head,
+            "total": 3 * layer_fwd + 3 * attn_fwd + head}
+
+
+def main(argv=None) -> int:
+    args, s = parse_args(argv)
+    device = torch.device(s["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("train_step.py: error: --device cuda but CUDA is not available; use --preset tiny-cpu or --device cpu",
+              file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    num_target_layers = 64
+    cfg = DrafterConfig(hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+                        num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"],
+                        intermediate_size=s["intermediate"], vocab_size=s["vocab"],
+                        target_layer_ids=list(range(1, 1 + s["taps"])), num_target_layers=num_target_layers,
+                        block_size=s["block"], mask_token_id=s["vocab"] - 1)
+    frozen_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device(device):
+        drafter = DFlashDrafter(cfg)
+    drafter.embed_tokens.to(frozen_dtype)
+    drafter.lm_head.to(frozen_dtype)
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.01, fused=device.type == "cuda")
+
+    B, T = s["batch"], s["seq_len"]
+    input_ids = torch.randint(0, s["vocab"] - 1, (B, T))
+    loss_mask = torch.ones(B, T, dtype=torch.bool)
+    lengths = torch.full((B,), T)
+    taps = [torch.randn(B, T, s["hidden"], device=device, dtype=frozen_dtype) for _ in range(s["taps"])]
+
+    def step(i):
+        out = drafter_micro_batch(drafter, taps, None, input_ids, loss_mask, lengths, max_anchors=s["anchors"],
+                                  gamma=10.0, noise_amplitude=0.01, seed=derived_seed(0, i),
+                                  head_chunk_size=args.head_chunk)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return out
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for i in range(s["warmup"]):  # compile flex_attention / create_block_mask, allocator warmup
+        step(i)
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(s["steps"]):
+        sync()
+        t0 = time.perf_counter()
+        out = step(s["warmup"] + i)
+        sync()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    median = times[len(times) // 2]
+
+    anchors, valid = sample_anchors(loss_mask, s["anchors"], torch.Generator().manual_seed(0))
+    flops = flop_estimate(cfg, T, anchors, valid, out.num_rows)
+    tflops = flops["total"] / median / 1e12
+    result = {"shape": s, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "trainable_params": sum(p.numel() for p in trainable), "step_s_median": median,
+              "step_s_all": times, "steps_per_s": 1 / median, "tflop_per_step": {k: v / 1e12 for k, v in flops.items()},
+              "achieved_tflops": tflops, "peak_tflops": args.peak_tflops, "ratio_to_peak": tflops / args.peak_tflops,
+              "loss": float(out.loss.detach()), "block_tokens_per_s": B * anchors.shape[1] * s["block"] / median}
+    if device.type == "cuda":
+        result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+
+    rows = [("device", result["device"]),
+            ("shape", f"hidden {s['hidden']} layers {s['layers']} block {s['block']} anchors {s['anchors']} "
+                      f"vocab {s['vocab']} seq {s['seq_len']} batch {B}"),
+            ("trainable params", f"{result['trainable_params'] / 1e6:.1f} M"),
+            ("step time (median)", f"{median * 1e3:.1f} ms   ({1 / median:.2f} steps/s)"),
+            ("TFLOP/step layers", f"{flops['layers'] / 1e12:.4g}"),
+            ("TFLOP/step attention", f"{flops['attention'] / 1e12:.4g}"),
+            ("TFLOP/step head", f"{flops['head'] / 1e12:.4g}"),
+            ("achieved TFLOP/s", f"{tflops:.4g}"),
+            ("ratio to peak", f"{tflops / args.peak_tflops:.4g} of {args.peak_tflops:g} TFLOP/s")]
+    if "max_memory_gb" in result:
+        rows.append(("peak memory", f"{result['max_memory_gb']:.1f} GB"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""CUDA-only checks (skipped without a GPU): flex_attention block mask == dense SDPA mask, and a short
+dflash-train run on one GPU."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import read_heartbeat, train_cmd
+from dflash_trainer.blocks import block_inputs, dense_block_mask, flex_block_mask
+from test_blocks import tiny_drafter
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_flex_matches_dense_on_cuda():
+    d = tiny_drafter(vocab=512, hidden=64).cuda().eval()
+    T, S = 300, 4
+    taps = [torch.randn(2, T, 64, device="cuda") for _ in range(2)]
+    ids = torch.randint(0, 500, (2, T), device="cuda")
+    anchors = torch.sort(torch.randint(0, T - 1, (2, 40), device="cuda")).values
+    valid = torch.ones_like(anchors, dtype=torch.bool)
+    valid[1, 30:] = False
+    block_ids, pos = block_inputs(ids, anchors, S, 511)
+    with torch.no_grad():
+        dense = d(taps, block_ids, pos, dense_block_mask(anchors, valid, T, S))
+        flex = d(taps, block_ids, pos, flex_block_mask(anchors, valid, T, S))
+    assert torch.allclose(dense, flex, atol=2e-3, rtol=2e-3), (dense - flex).abs().max()
+
+
+def test_train_on_one_gpu(tiny, tmp_path):
+    cmd = train_cmd(tiny, tmp_path / "out", "--max-steps", "6", "--checkpoint-interval", "3")
+    cmd[cmd.index("--target-gpus") + 1] = "0"
+    cmd[cmd.index("--drafter-gpus") + 1] = "0"
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert read_heartbeat(tmp_path / "out")["phase"] == "finished"
+    bad = subprocess.run(train_cmd(tiny, tmp_path / "bad", "--target-gpus", "99"), capture_output=True, text=True)
+    assert bad.returncode == 2 and "do not exist" in bad.stderr
