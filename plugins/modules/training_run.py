@@ -112,9 +112,11 @@ options:
     type: str
     default: /dev/nvidia{index}
   settle_time:
-    description: Seconds the new process must stay alive before it counts as launched.
+    description:
+      - Seconds the new process must stay alive before it counts as launched (it must also have written its
+        heartbeat). Crashes later in start-up are caught by O(wait_for_phase).
     type: float
-    default: 1.0
+    default: 0.5
   heartbeat_timeout:
     description: Seconds (after O(settle_time)) to wait for the first heartbeat written by the new pid.
     type: float

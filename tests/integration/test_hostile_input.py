@@ -3,7 +3,7 @@ import json
 import os
 
 import pytest
-from conftest import FAKE, starts
+from ansible_helpers import FAKE, starts
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import FAKE, live_pids_with, starts
+from ansible_helpers import FAKE, live_pids_with, starts
 
 pytestmark = pytest.mark.timeout(120)
 

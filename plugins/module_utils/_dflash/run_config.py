@@ -94,7 +94,7 @@ def build_request(params, check_mode=False):
         "gpu_release_timeout": float(params.get("gpu_release_timeout", 120)),
         "gpu_memory_threshold_mib": int(params.get("gpu_memory_threshold_mib", 1024)),
         "gpu_device_pattern": params.get("gpu_device_pattern") or "/dev/nvidia{index}",
-        "settle_time": float(params.get("settle_time", 1.0)),
+        "settle_time": float(params.get("settle_time", 0.5)),
         "heartbeat_timeout": float(params.get("heartbeat_timeout", 120)),
         "wait_for_phase": params.get("wait_for_phase"),
         "phase_timeout": float(params.get("phase_timeout", 600)),

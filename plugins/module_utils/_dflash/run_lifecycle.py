@@ -199,14 +199,18 @@ def launch(req, now):
     return proc, kept
 
 
-def verify(req, proc, launched_at):
-    """Assert the launch is live: alive after settle_time, cmdline ours, heartbeat written by that pid."""
+def verify(req, proc, timings):
+    """Assert the launch is live: alive after settle_time, cmdline ours, heartbeat written by that pid.
+
+    Records timings["first_heartbeat"]: seconds from launch to the new pid's first heartbeat (the trainer's
+    own start-up cost, which benchmarks subtract from the restart time).
+    """
     run_dir = req["run_dir"]
     hb_path = os.path.join(run_dir, "heartbeat.json")
     log_path = os.path.join(run_dir, LOG_NAME)
     start = time.monotonic()
     want = req.get("wait_for_phase")
-    hb = None
+    hb = first_hb = None
 
     def died(rc):
         return LifecycleError("the trainer exited with status %s right after launch; see log_tail (%s)"
@@ -220,6 +224,9 @@ def verify(req, proc, launched_at):
         elapsed = time.monotonic() - start
         hb = _read_json(hb_path)
         fresh = hb is not None and hb.get("pid") == proc.pid
+        if fresh and first_hb is None:
+            first_hb = round(elapsed, 3)
+            timings["first_heartbeat"] = first_hb
         if fresh and hb.get("phase") == "failed":
             proc_rc = _wait_exit(proc, 5)
             raise LifecycleError("the trainer reported phase failed: %s" % hb.get("error", "no error text"),
@@ -344,7 +351,7 @@ def _change(req, timings):
         result["pid"] = proc.pid
         result["fingerprint"] = req["fingerprint"]
         # Still under the lock: a concurrent restart must not stop this launch before it is proven live.
-        result["heartbeat"] = _timed(timings, "verify", verify, req, proc, now)
+        result["heartbeat"] = _timed(timings, "verify", verify, req, proc, timings)
     result["phase"] = result["heartbeat"].get("phase")
     return result
 

@@ -47,7 +47,7 @@ def argument_spec():
         gpu_release_timeout=dict(type="float", default=120),
         gpu_memory_threshold_mib=dict(type="int", default=1024),
         gpu_device_pattern=dict(type="str", default="/dev/nvidia{index}"),
-        settle_time=dict(type="float", default=1.0),
+        settle_time=dict(type="float", default=0.5),
         heartbeat_timeout=dict(type="float", default=120),
         wait_for_phase=dict(type="str"),
         phase_timeout=dict(type="float", default=600),

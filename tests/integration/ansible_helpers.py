@@ -1,0 +1,79 @@
+"""Helpers: run dflash.ops modules through ansible-runner; look at the processes and files they leave."""
+import json
+import os
+import sys
+import threading
+
+import ansible_runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAKE = os.path.join(ROOT, "tests", "integration", "programs", "fake_trainer.py")
+PLAYBOOK = """---
+- name: Module under test
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: module under test
+      %s:
+      args: "{{ module_args }}"
+"""
+
+
+class Ansible(object):
+    """Calls one module through a real ansible-playbook run and returns (ok, result)."""
+
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def module(self, name, args, check=False):
+        with self.lock:
+            self.count += 1
+            data_dir = self.tmp / ("runner-%d" % self.count)
+        (data_dir / "project").mkdir(parents=True)
+        (data_dir / "project" / "play.yml").write_text(PLAYBOOK % name)
+        r = ansible_runner.run(
+            private_data_dir=str(data_dir), playbook="play.yml", quiet=True,
+            extravars={"module_args": args},
+            cmdline="--check" if check else None,
+            envvars={"ANSIBLE_COLLECTIONS_PATH": os.path.join(ROOT, ".collections"),
+                     "ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"),
+                     "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+                     # ansible-playbook from the same virtual environment as this test run.
+                     "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")},
+            inventory="localhost ansible_connection=local",
+            settings={"suppress_ansible_output": True},
+        )
+        results = [(e["event"] == "runner_on_ok", e["event_data"]["res"]) for e in r.events
+                   if e.get("event") in ("runner_on_ok", "runner_on_failed")
+                   and e["event_data"].get("task") == "module under test"]
+        assert results, "no result from the module (runner status %s): %s" % (r.status, r.stdout.read()[-2000:])
+        return results[-1]
+
+
+
+def starts(run_dir):
+    path = os.path.join(str(run_dir), "starts.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def live_pids_with(marker):
+    """pids of live (non-zombie) processes whose command line contains marker."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % name, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            with open("/proc/%s/stat" % name) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z":
+            found.append(int(name))
+    return found
