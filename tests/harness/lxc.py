@@ -104,7 +104,15 @@ def wait_ready(name: str, timeout: float = 30) -> None:
     while True:
         p = attach(name, "/bin/true", check=False, timeout=10)
         if p.returncode == 0:
-            return
+            # Let the container's systemd finish booting: systemd-tmpfiles empties /tmp during boot, which
+            # would silently delete what a test puts there right after start.
+            while time.monotonic() < deadline:
+                st = attach(name, "/bin/sh", "-c", "command -v systemctl >/dev/null || { echo running; exit; }; "
+                            "systemctl is-system-running 2>/dev/null", check=False, timeout=10).stdout.strip()
+                if st in ("running", "degraded"):
+                    return
+                time.sleep(0.1)
+            raise RuntimeError(f"container {name} did not finish booting within {timeout}s (state {st!r})")
         if time.monotonic() > deadline:
             raise RuntimeError(f"container {name} not attachable: {p.stderr}")
         time.sleep(0.2)
