@@ -9,10 +9,10 @@ from dflash_trainer.loss import dflash_loss
 S = 4
 
 
-def tiny_drafter(split=False, vocab=64, hidden=32):
+def tiny_drafter(split=False, vocab=64, hidden=32, head_dim=8):
     torch.manual_seed(0)
     cfg = DrafterConfig(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=8, intermediate_size=64, vocab_size=vocab, target_layer_ids=[1, 2],
+                        head_dim=head_dim, intermediate_size=64, vocab_size=vocab, target_layer_ids=[1, 2],
                         num_target_layers=4, block_size=S, mask_token_id=vocab - 1, split_fc_layers=split)
     d = DFlashDrafter(cfg)
     torch.nn.init.normal_(d.embed_tokens.weight)

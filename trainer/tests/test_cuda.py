@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def test_flex_matches_dense_on_cuda():
-    d = tiny_drafter(vocab=512, hidden=64).cuda().eval()
+    d = tiny_drafter(vocab=512, hidden=64, head_dim=16).cuda().eval()
     T, S = 300, 4
     taps = [torch.randn(2, T, 64, device="cuda") for _ in range(2)]
     ids = torch.randint(0, 500, (2, T), device="cuda")

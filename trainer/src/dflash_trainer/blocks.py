@@ -101,9 +101,9 @@ def flex_block_mask(anchors_BA: torch.Tensor, valid_BA: torch.Tensor, T: int, bl
         own_block = (kv_idx >= T) & ((kv_idx - T) // block_size == q_block)
         return ctx_visible | own_block
 
-    # _compile: evaluating mask_mod eagerly would materialize the dense Q x (T+Q) grid first.
-    return create_block_mask(mask_mod, B, None, Q, T + Q, device=anchors_BA.device,
-                             _compile=anchors_BA.device.type == "cuda")
+    # Compiled on CUDA: evaluating mask_mod eagerly would materialize the dense Q x (T+Q) grid first.
+    make = compiled_create_block_mask() if anchors_BA.device.type == "cuda" else create_block_mask
+    return make(mask_mod, B, None, Q, T + Q, device=anchors_BA.device)
 
 
 @functools.cache
@@ -112,6 +112,12 @@ def compiled_flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
     # dynamic=None: shapes vary batch to batch; torch marks them dynamic after the first recompile.
     return torch.compile(flex_attention)
+
+
+@functools.cache
+def compiled_create_block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
+    return torch.compile(create_block_mask)
 
 
 def build_mask(anchors_BA, valid_BA, T: int, block_size: int, use_flex: bool):
