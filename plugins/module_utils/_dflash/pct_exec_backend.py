@@ -46,6 +46,8 @@ def run_command(module):
     except TransportError as exc:
         raise PctExecError(str(exc), argv=full)
     result.update(rc=rc, stdout=out, stderr=err, stdout_lines=out.splitlines(), stderr_lines=err.splitlines())
+    # Ansible fails any result whose rc is non-zero unless told otherwise: expected_rc decides here.
+    result["failed"] = rc not in p["expected_rc"]
     if rc not in p["expected_rc"]:
         tail = (err.strip() or out.strip()).splitlines()[-1:] or ["no output"]
         raise PctExecError("command exited with status %d in %s: %s" % (rc, transport.describe(), tail[0]),
