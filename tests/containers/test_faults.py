@@ -204,6 +204,10 @@ def test_concurrent_restarts_are_serialized(play, ct200):
     print(f"\nconcurrent restarts: launched {pids}, alive after {alive}, lock waits "
           f"{[results[n].task('training_run')['timings'].get('lock') for n in results]}")
     assert len(alive) == 1 and alive[0] in pids.values()
+    winner = next(n for n, p in pids.items() if p == alive[0])
+    loser = next(n for n in pids if n != winner)
+    # serialized: the later restart saw the earlier run and stopped it (they share GPU 0)
+    assert pids[loser] in stopped(results[winner].task("training_run")), results[winner].task("training_run")
 
 
 def test_ssh_drop_after_launch_keeps_the_run(harness_env, sshd, ct200):
@@ -270,3 +274,16 @@ def test_hostile_values_are_literal(play, ct200):
     assert ct200.sh("ls /tmp/pwned1 /tmp/pwned2 /tmp/pwned3", check=False).returncode != 0
     res = failed(tr(play, "literal2", env={"BAD;NAME": "1"}))
     one_line(res["msg"])
+
+
+def test_secret_env_reaches_the_trainer_only(play, ct200):
+    secret = "s3cr3t-value-$(id)"
+    r = tr(play, "secret", secret_env={"WANDB_API_KEY": secret})
+    res = launched(r)
+    assert secret not in r.stdout and secret not in json.dumps(res), "secret leaked into Ansible's output"
+    environ = ct200.sh(f"cat /proc/{res['pid']}/environ").stdout.split("\0")
+    assert f"WANDB_API_KEY={secret}" in environ
+    launch = ct200.read(f"{RUNS}/secret/launch.json")
+    assert launch and secret not in launch
+    argv_all = ct200.sh("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", check=False).stdout
+    assert secret not in argv_all
