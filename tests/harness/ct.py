@@ -7,6 +7,7 @@ Prints one JSON line with timings.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import REPO_ROOT, golden, lxc
+from . import CACHE_DIR, REPO_ROOT, golden, lxc
 from .fixtures import _prepare_clone, install_trainer, make_tiny
 
 
@@ -34,6 +35,15 @@ def main(argv: list[str]) -> int:
         lxc.destroy(str(vmid))
         print(json.dumps({"destroyed": vmid, "exists": lxc.exists(str(vmid))}))
         return 0
+    # a pytest harness session holds this lock while it uses vmids 200/201: do not clobber its containers
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / "vmids.lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"a pytest harness session is using the vmids right now; run this after it ends", file=sys.stderr)
+            return 1
+        fcntl.flock(fh, fcntl.LOCK_UN)
     t0 = time.monotonic()
     g = golden.build()
     c = _prepare_clone(g["name"], vmid)
