@@ -48,3 +48,20 @@ def test_collate_pads_and_masks(tmp_path):
     assert sorted(batch.lengths.tolist()) == [3, 5]
     row = batch.lengths.tolist().index(3)
     assert batch.loss_mask[row].tolist() == [True, True, True, False, False]
+
+
+def test_multiple_row_groups_and_length_mismatch(tmp_path):
+    rows = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([4, 1, 6, 3, 5])]
+    table = pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())),
+                      "loss_mask": pa.array([[i % 2 for i in range(len(r))] for r in rows], pa.list_(pa.int8()))})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=2)
+    ds = TokenizedDataset(str(tmp_path), max_seq_len=4)
+    assert len(ds) == 4                                     # the 1-token row is skipped
+    ids, mask = ds.row(1)
+    assert ids.tolist() == [102, 103, 104, 105] and mask.tolist() == [False, True, False, True]
+    bad = pa.table({"input_ids": pa.array([[1, 2, 3]], pa.list_(pa.int32())),
+                    "loss_mask": pa.array([[1, 1]], pa.list_(pa.int8()))})
+    pq.write_table(bad, tmp_path / "b.parquet")
+    import pytest
+    with pytest.raises(ValueError, match="loss_mask"):
+        TokenizedDataset(str(tmp_path), max_seq_len=8)

@@ -19,35 +19,50 @@ import torch
 
 
 class TokenizedDataset:
-    """All sequences in memory as numpy arrays (tokenized text is small next to the hidden states)."""
+    """All sequences in memory as flat numpy arrays + offsets: 5 bytes per token and no per-row Python
+    objects, so a few billion tokens still load (a list of lists would need ~30x the memory)."""
 
     def __init__(self, data_dir: str, max_seq_len: int):
         shards = sorted(glob.glob(os.path.join(data_dir, "*.parquet")))
         if not shards:
             raise ValueError(f"no *.parquet shards in {data_dir}; see trainer/README.md for the format")
-        self.input_ids: list[np.ndarray] = []
-        self.loss_mask: list[np.ndarray] = []
+        ids_parts, mask_parts, starts, lengths = [], [], [], []
+        base = 0
         for shard in shards:
             table = pq.read_table(shard, columns=["input_ids", "loss_mask"])
-            ids_col, mask_col = table.column("input_ids"), table.column("loss_mask")
-            for ids, mask in zip(ids_col.to_pylist(), mask_col.to_pylist()):
-                if len(ids) != len(mask):
-                    raise ValueError(f"{shard}: a row has {len(ids)} input_ids but {len(mask)} loss_mask entries; "
-                                     "regenerate the shard with one mask entry per token")
-                if len(ids) < 2:
-                    continue  # no anchor possible
-                self.input_ids.append(np.asarray(ids[:max_seq_len], dtype=np.int64))
-                self.loss_mask.append(np.asarray(mask[:max_seq_len], dtype=np.bool_))
-        if not self.input_ids:
+            ids_col = table.column("input_ids").combine_chunks()
+            mask_col = table.column("loss_mask").combine_chunks()
+            id_off = ids_col.offsets.to_numpy().astype(np.int64)
+            mask_off = mask_col.offsets.to_numpy().astype(np.int64)
+            n_ids, n_mask = np.diff(id_off), np.diff(mask_off)
+            if not np.array_equal(n_ids, n_mask):
+                row = int(np.nonzero(n_ids != n_mask)[0][0])
+                raise ValueError(f"{shard}: row {row} has {n_ids[row]} input_ids but {n_mask[row]} loss_mask "
+                                 "entries; regenerate the shard with one mask entry per token")
+            # Offsets may not start at 0 (sliced arrays): index the values relative to the first offset.
+            ids_parts.append(ids_col.values.to_numpy(zero_copy_only=False)[id_off[0]:id_off[-1]].astype(np.int32))
+            mask_parts.append(mask_col.values.to_numpy(zero_copy_only=False)[mask_off[0]:mask_off[-1]] != 0)
+            keep = n_ids >= 2  # no anchor possible in a shorter sequence
+            starts.append(base + (id_off[:-1] - id_off[0])[keep])
+            lengths.append(np.minimum(n_ids[keep], max_seq_len))
+            base += int(id_off[-1] - id_off[0])
+        self.ids_flat = np.concatenate(ids_parts)
+        self.mask_flat = np.concatenate(mask_parts)
+        self.starts = np.concatenate(starts).astype(np.int64)
+        self.lengths = np.concatenate(lengths).astype(np.int64)
+        if len(self.lengths) == 0:
             raise ValueError(f"{data_dir} holds no sequence of 2 or more tokens; check the data")
-        self.lengths = np.array([len(x) for x in self.input_ids], dtype=np.int64)
 
     def __len__(self) -> int:
-        return len(self.input_ids)
+        return len(self.lengths)
+
+    def row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        s, n = self.starts[i], self.lengths[i]
+        return self.ids_flat[s:s + n], self.mask_flat[s:s + n]
 
     @property
     def num_supervised_tokens(self) -> int:
-        return int(sum(int(m.sum()) for m in self.loss_mask))
+        return int(sum(int(self.row(i)[1].sum()) for i in range(len(self))))
 
 
 def plan_epoch(lengths: np.ndarray, seed: int, epoch: int, token_budget: int, max_batch_size: int) -> list[list[int]]:
@@ -101,8 +116,7 @@ def collate(dataset: TokenizedDataset, indices: list[int]) -> Batch:
     mask = np.zeros((len(indices), max_len), dtype=np.bool_)
     for row, idx in enumerate(indices):
         n = int(lengths[row])
-        ids[row, :n] = dataset.input_ids[idx]
-        mask[row, :n] = dataset.loss_mask[idx]
+        ids[row, :n], mask[row, :n] = dataset.row(idx)
     return Batch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(lengths.copy()), list(indices))
 
 

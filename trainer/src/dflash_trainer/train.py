@@ -98,7 +98,10 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
     layer_ids = cfg.target_layer_ids or default_target_layer_ids(num_target_layers, cfg.num_target_taps)
     drafter_cfg = DrafterConfig.from_target(target_config, cfg.num_draft_layers, layer_ids, cfg.block_size,
                                             cfg.mask_token_id, cfg.split_fc_layers)
-    dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
+    try:  # bad data is a refusal at start too: it loads before any weights
+        dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
+    except ValueError as e:
+        raise StartupError(str(e)) from None
     loader = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size)
 
     # --- weights load from here on ---
