@@ -1,0 +1,124 @@
+"""dflash-prepare-data on the tiny target + an offline word-level tokenizer with a ChatML template."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+
+from dflash_trainer.data import TokenizedDataset
+from dflash_trainer.prepare_data import main, prepare
+from dflash_trainer.tiny_tokenizer import save_tokenizer, synthetic_chats
+
+
+@pytest.fixture(scope="module")
+def chat_target(tiny, tmp_path_factory):
+    """The tiny Qwen3 target plus the tiny tokenizer, in a directory of its own."""
+    d = tmp_path_factory.mktemp("chat_target") / "target"
+    shutil.copytree(tiny["target"], d)
+    save_tokenizer(str(d))
+    return str(d)
+
+
+def write_jsonl(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(r if isinstance(r, str) else json.dumps(r))
+            f.write("\n")
+    return str(path)
+
+
+def read_rows(out_dir):
+    rows = []
+    for name in sorted(os.listdir(out_dir)):
+        if name.endswith(".parquet"):
+            t = pq.read_table(os.path.join(out_dir, name))
+            rows += list(zip(t.column("input_ids").to_pylist(), t.column("loss_mask").to_pylist()))
+    return rows
+
+
+def test_loss_mask_covers_exactly_the_assistant_tokens(chat_target, tmp_path):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(chat_target)
+    conv = {"messages": [{"role": "system", "content": "you are a helpful tiny model"},
+                         {"role": "user", "content": "count from one to three"},
+                         {"role": "assistant", "content": "one two three ."},
+                         {"role": "user", "content": "again"},
+                         {"role": "assistant", "content": "one two three"}]}
+    src = write_jsonl(tmp_path / "in.jsonl", [conv])
+    stats = prepare(chat_target, [src], str(tmp_path / "out"), progress=False)
+    assert stats["num_rows_written"] == 1 and stats["num_bad_rows"] == 0
+    [(ids, mask)] = read_rows(tmp_path / "out")
+    assert len(ids) == len(mask)
+    supervised = tok.convert_ids_to_tokens([i for i, m in zip(ids, mask) if m])
+    # each assistant turn: its content and its end-of-turn marker, nothing of the user/system/role headers
+    assert supervised == ["one", "two", "three", ".", "<|im_end|>", "one", "two", "three", "<|im_end|>"]
+    first_assistant = tok.convert_tokens_to_ids("assistant")
+    assert mask[ids.index(first_assistant)] == 0
+    TokenizedDataset(str(tmp_path / "out"), max_seq_len=256)  # the trainer reads it
+
+
+def test_bad_rows_are_counted_by_reason(chat_target, tmp_path, capsys):
+    good = synthetic_chats(5, seed=1)
+    rows = good + [
+        "{not json",
+        {"messages": [{"role": "user", "content": "hello"}]},                           # no assistant
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]},
+        {"messages": [{"role": "user", "content": "one " * 300}, {"role": "assistant", "content": "ok"}]},
+        {"text": "no messages field"},
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    assert main(["--target-model", chat_target, "--input", src, "--out-dir", str(out), "--max-seq-len", "128",
+                 "--rows-per-shard", "4", "--no-progress"]) == 0
+    stats = json.load(open(out / "stats.json"))
+    assert stats["num_rows_written"] == 5
+    assert stats["bad"] == {"bad_json": 1, "no_assistant_turn": 1, "empty_assistant": 1, "too_long": 1,
+                            "no_messages": 1}
+    assert stats["num_input_rows"] == 10 and stats["complete"]
+    printed = capsys.readouterr().out
+    assert "5 refused" in printed and "too_long 1" in printed
+
+
+def test_regenerate_uses_the_targets_own_tokens_and_resumes(chat_target, tmp_path):
+    rows = synthetic_chats(9, seed=2)
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = str(tmp_path / "regen")
+    kw = dict(regenerate=True, temperature=0.7, max_new_tokens=12, batch_size=4, rows_per_shard=3,
+              engine="transformers", device="cpu", max_seq_len=128, progress=False)
+    first = prepare(chat_target, [src], out, max_rows=6, **kw)           # stop after 2 of 3 chunks
+    assert first["next_row"] == 6 and first["num_shards"] == 2
+    shard0 = open(os.path.join(out, "shard-00000.parquet"), "rb").read()
+    stats = prepare(chat_target, [src], out, **kw)                       # resumes at row 6
+    assert stats["next_row"] == 9 and stats["complete"]
+    assert open(os.path.join(out, "shard-00000.parquet"), "rb").read() == shard0  # not redone
+    got = read_rows(out)
+    assert len(got) + stats["num_bad_rows"] == 9
+    for ids, mask in got:
+        n_prompt = mask.index(1)
+        assert all(m == 0 for m in mask[:n_prompt]) and all(m == 1 for m in mask[n_prompt:])
+        assert 1 <= len(ids) - n_prompt <= 12
+    # a rerun with other settings is refused instead of mixing data
+    with pytest.raises(ValueError, match="other settings"):
+        prepare(chat_target, [src], out, **{**kw, "temperature": 0.5})
+
+
+def test_regenerated_greedy_rows_equal_the_targets_greedy_decode(chat_target, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_trainer.spec_decode import reference_greedy
+    rows = synthetic_chats(2, seed=3)
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = str(tmp_path / "greedy")
+    prepare(chat_target, [src], out, regenerate=True, temperature=0.0, max_new_tokens=10, batch_size=2,
+            engine="transformers", device="cpu", progress=False)
+    tok = AutoTokenizer.from_pretrained(chat_target)
+    model = AutoModelForCausalLM.from_pretrained(chat_target, dtype=torch.float32)
+    for ids, mask in read_rows(out):
+        n_prompt = mask.index(1)
+        ref = reference_greedy(model, ids[:n_prompt], 10, eos_ids={tok.eos_token_id})
+        assert ids[n_prompt:] == ref.tokens
