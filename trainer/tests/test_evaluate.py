@@ -1,0 +1,73 @@
+"""dflash-eval end to end on the tiny target: checkpoint and export load, report fields, losslessness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dflash_trainer.checkpoint import save_checkpoint
+from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.evaluate import check_lossless, main
+from dflash_trainer.export import export_checkpoint
+from dflash_trainer.make_tiny import MASK_ID
+
+
+@pytest.fixture(scope="module")
+def drafter_dirs(tiny, tmp_path_factory):
+    from transformers import AutoConfig
+    root = tmp_path_factory.mktemp("eval")
+    torch.manual_seed(1)
+    cfg = DrafterConfig.from_target(AutoConfig.from_pretrained(tiny["target"]), num_layers=1,
+                                    target_layer_ids=[1, 3, 5], block_size=4, mask_token_id=MASK_ID)
+    drafter = DFlashDrafter(cfg)
+    out = root / "train_out"
+    step_dir = save_checkpoint(str(out), 1, drafter.trainable_state_dict(), cfg.to_dict(), {"step": 1}, keep=1)
+    export = root / "export"
+    export_checkpoint(step_dir, tiny["target"], str(export), dtype="float32")
+    prompts = root / "prompts.jsonl"
+    with open(prompts, "w") as f:
+        for p in ([5, 17, 33, 2], [300, 301, 302, 303, 300, 301], list(range(60, 80))):
+            f.write(json.dumps({"input_ids": p}) + "\n")
+    return {"output_dir": str(out), "step_dir": step_dir, "export": str(export), "prompts": str(prompts)}
+
+
+def run_eval(tiny, drafter_path, prompts, out_path, *extra):
+    assert main(["--target-model", tiny["target"], "--drafter", drafter_path, "--prompts", prompts,
+                 "--max-new-tokens", "20", "--device", "cpu", "--out", str(out_path), *extra]) == 0
+    return json.load(open(out_path))
+
+
+def test_eval_reports_tau_histogram_and_losslessness(tiny, drafter_dirs, tmp_path, capsys):
+    report = run_eval(tiny, drafter_dirs["export"], drafter_dirs["prompts"], tmp_path / "r.json")
+    printed = capsys.readouterr().out
+    assert "dflash" in printed and "prompt_lookup_n3" in printed and "accept-length histogram" in printed
+    assert report["block_size"] == 4 and report["num_prompts"] == 3
+    for name in ("dflash", "prompt_lookup_n3"):
+        m = report["methods"][name]
+        assert m["lossless"], m["mismatches"]
+        assert 1.0 <= m["tau"] <= 4
+        assert sum(m["accept_length_histogram"].values()) == m["num_steps"]
+        assert len(m["slot_accept_rate"]) == 3
+        assert m["num_new_tokens"] == sum(len(r) for r in report["references"])
+
+
+def test_checkpoint_output_dir_and_export_give_the_same_drafts(tiny, drafter_dirs, tmp_path):
+    a = run_eval(tiny, drafter_dirs["export"], drafter_dirs["prompts"], tmp_path / "a.json", "--no-baseline")
+    b = run_eval(tiny, drafter_dirs["output_dir"], drafter_dirs["prompts"], tmp_path / "b.json", "--no-baseline")
+    c = run_eval(tiny, drafter_dirs["step_dir"], drafter_dirs["prompts"], tmp_path / "c.json", "--no-baseline")
+    assert a["methods"]["dflash"]["accept_length_histogram"] == b["methods"]["dflash"]["accept_length_histogram"] \
+        == c["methods"]["dflash"]["accept_length_histogram"]
+
+
+def test_bad_drafter_path_is_refused(tiny, drafter_dirs, tmp_path, capsys):
+    assert main(["--target-model", tiny["target"], "--drafter", str(tmp_path), "--prompts",
+                 drafter_dirs["prompts"], "--device", "cpu"]) == 2
+    assert "neither an export dir" in capsys.readouterr().err
+
+
+def test_check_lossless_names_the_first_difference():
+    r = check_lossless([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 6, 7]])
+    assert not r["lossless"] and r["mismatches"] == [{"prompt": 1, "first_position": 1, "len_output": 2,
+                                                      "len_reference": 3}]
