@@ -51,6 +51,8 @@ def parse_args(argv):
     p.add_argument("--head-chunk", type=int, default=4096, help="lm_head rows per chunk")
     p.add_argument("--peak-tflops", type=float, default=790.0, help="hardware peak (H200 dense bf16: ~790)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--no-compile", action="store_true", help="eager layers on CUDA (default: torch.compile)")
+    p.add_argument("--profile", action="store_true", help="after timing, print the top kernels of one step")
     args = p.parse_args(argv)
     shape = dict(PRESETS[args.preset or "tiny-cpu"])
     for key in list(shape):
@@ -94,6 +96,8 @@ def main(argv=None) -> int:
         drafter = DFlashDrafter(cfg)
     drafter.embed_tokens.to(frozen_dtype)
     drafter.lm_head.to(frozen_dtype)
+    if device.type == "cuda" and not args.no_compile:
+        drafter.compile_layers()
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.01, fused=device.type == "cuda")
 
@@ -132,7 +136,7 @@ def main(argv=None) -> int:
     anchors, valid = sample_anchors(loss_mask, s["anchors"], torch.Generator().manual_seed(0))
     flops = flop_estimate(cfg, T, anchors, valid, out.num_rows)
     tflops = flops["total"] / median / 1e12
-    result = {"shape": s, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    result = {"shape": s, "compiled_layers": device.type == "cuda" and not args.no_compile, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "trainable_params": sum(p.numel() for p in trainable), "step_s_median": median,
               "step_s_all": times, "steps_per_s": 1 / median, "tflop_per_step": {k: v / 1e12 for k, v in flops.items()},
               "achieved_tflops": tflops, "peak_tflops": args.peak_tflops, "ratio_to_peak": tflops / args.peak_tflops,
@@ -155,6 +159,14 @@ def main(argv=None) -> int:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            step(10_000)
+            sync()
+        sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -187,6 +187,13 @@ class DFlashDrafter(nn.Module):
             if isinstance(module, nn.Linear) and name != "lm_head":
                 nn.init.normal_(module.weight, std=std)
 
+    def compile_layers(self) -> None:
+        """torch.compile each layer in place (CUDA): fuses the fp32 norm/RoPE/cast elementwise work, which
+        eager mode runs as separate memory-bound kernels (about a fifth of an eager step at the 27B shape).
+        Module.compile keeps parameter names, so checkpoints and exports are unchanged."""
+        for layer in self.layers:
+            layer.compile()
+
     def load_frozen(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embed_weight)

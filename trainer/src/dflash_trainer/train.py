@@ -112,6 +112,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
     if drafter_device.type == "cuda":  # frozen tables stay bf16 like the target; trainable weights fp32 master
         drafter.embed_tokens.to(torch.bfloat16)
         drafter.lm_head.to(torch.bfloat16)
+        drafter.compile_layers()  # 1.50 -> 1.31 s/step at the 27B shape on one H200 (benchmarks/)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
