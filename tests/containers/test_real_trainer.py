@@ -29,6 +29,7 @@ def test_restart_resumes_from_last_checkpoint(play, make_container):
     while _latest_step(ct) is None:
         assert time.monotonic() < deadline, "no checkpoint within 240s"
         time.sleep(1)
+    first_ckpt = _latest_step(ct)
     # the same configuration again: nothing to do
     r2 = play(PLAYBOOKS / "restart_training.yml", {"run": "tiny"}, limit="ct200")
     res2 = r2.task(RESTART_TASK)
@@ -38,13 +39,16 @@ def test_restart_resumes_from_last_checkpoint(play, make_container):
     res3 = r3.task(RESTART_TASK)
     assert r3.rc == 0 and res3["action"] == "launched" and res3["pid"] != res1["pid"], (res3, r3.stdout[-3000:])
     assert [s["signal"] for s in res3.get("stopped", [])] == ["SIGTERM"], res3.get("stopped")
-    step_at_stop = _latest_step(ct)
+    # the first run's log is kept (moved aside); its last checkpoint line is where the new run must resume
+    logs = [f for f in ct.sh("ls /workspace/runs/tiny").stdout.split() if f.startswith("train") and f.endswith(".log")]
+    assert len(logs) == 2 and "train.log" in logs, logs
+    old_log = ct.read("/workspace/runs/tiny/" + next(f for f in logs if f != "train.log"))
+    last_ckpt = [ln for ln in old_log.splitlines() if ln.startswith(f"checkpoint {CKPT}/step-")][-1]
+    step_at_stop = int(last_ckpt.split("step-")[1].split()[0])
+    assert step_at_stop >= first_ckpt
     log = ct.read("/workspace/runs/tiny/train.log") or ""
     assert f"resumed from {CKPT}/step-{step_at_stop} at step {step_at_stop}" in log, log[-2000:]
     assert res3["heartbeat"]["step"] >= step_at_stop, res3["heartbeat"]
-    # the first run's log is kept
-    kept = ct.sh("ls /workspace/runs/tiny").stdout.split()
-    assert len([f for f in kept if f.startswith("train") and f.endswith(".log")]) == 2, kept
     assert ct.pids("dflash-train") == [res3["pid"]]
     # status and stop through the project's playbooks
     st = play(PLAYBOOKS / "training_status.yml", {"run": "tiny"}, limit="ct200")
