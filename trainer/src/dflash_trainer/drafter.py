@@ -112,6 +112,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
     """mask: a boolean [B, 1, Q, T+Q] tensor (eager SDPA, CPU and tests) or a flex BlockMask (CUDA)."""
     if isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    if torch.compiler.is_compiling():  # inside a compiled layer: dynamo fuses the raw op itself
+        from torch.nn.attention.flex_attention import flex_attention
+        return flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
     from dflash_trainer.blocks import compiled_flex_attention
     return compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True)
 
