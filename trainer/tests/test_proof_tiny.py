@@ -1,0 +1,36 @@
+"""The proof driver's --tiny path end to end on the CPU (regenerate, timed training, export, reload, τ)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_driver():
+    path = os.path.join(HERE, "..", "benchmarks", "proof_smollm2.py")
+    spec = importlib.util.spec_from_file_location("proof_smollm2", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(180)
+def test_proof_tiny_runs_and_reports(tmp_path):
+    driver = load_driver()
+    out = tmp_path / "proof"
+    assert driver.main(["--tiny", "--out", str(out), "--minutes", "0.05,0.1", "--device", "cpu",
+                        "--report-dir", str(tmp_path / "report")]) == 0
+    result = json.load(open(tmp_path / "report" / "proof.json"))
+    assert [s["minutes"] for s in result["snapshots"]] == [0.05, 0.1]
+    assert result["baseline"]["lossless"]
+    for snap in result["snapshots"]:
+        assert snap["step"] >= 1 and snap["eval"]["lossless"]
+        assert 1.0 <= snap["eval"]["tau"] <= result["block_size"]
+        assert os.path.isfile(os.path.join(snap["export"], "config.json"))
+    table = open(tmp_path / "report" / "proof.md").read()
+    assert "| DFlash | 0.1 |" in table and "prompt lookup" in table
