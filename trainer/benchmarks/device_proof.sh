@@ -9,7 +9,7 @@
 #               pip download --no-deps gguf==0.19.0 -d .artifacts/dev-a && cp .artifacts/dev-a/*.whl .artifacts/dev-b/
 #               python trainer/benchmarks/proof_prompts.py --out .artifacts/dev-b/prompts.jsonl
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
-# Call 1 (carry .artifacts/dev-a):  bash trainer/benchmarks/device_proof.sh stash   (+ a GPU smoke test)
+# Call 1 (carry .artifacts/dev-a):  bash trainer/benchmarks/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
 # Call 2 (carry .artifacts/dev-b):  bash trainer/benchmarks/device_proof.sh proof [MINUTES] [DEADLINE_S]
 set -uo pipefail
 S=/var/tmp/dflash
@@ -30,7 +30,7 @@ stash)
     python3 -c "import torch, transformers, gguf; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gguf ok', torch.cuda.is_available())"
     python3 -c "import transformers; print('GgufConfig' , hasattr(transformers, 'GgufConfig'))"
     # GPU smoke test of the whole proof path on the tiny target (regenerate, flex-attention training, eval)
-    python3 trainer/benchmarks/proof_smollm2.py --tiny --out "$S/tiny" --device cuda --report-dir "$OUT" \
+    [ "${2:-smoke}" = smoke ] && python3 trainer/benchmarks/proof_smollm2.py --tiny --out "$S/tiny" --device cuda --report-dir "$OUT" \
         2>&1 | grep -v -E "Loading weights|Writing model" | tee "$OUT/tiny.log"
     ls -la "$S"
     ;;
