@@ -28,7 +28,7 @@ stash)
     install_gguf .artifacts/dev-a
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
     python3 -c "import torch, transformers, gguf; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gguf ok', torch.cuda.is_available())"
-    python3 -c "import transformers; print('GgufConfig' , hasattr(transformers, 'GgufConfig'))"
+    python3 -c "import transformers, inspect; print('GgufConfig', hasattr(transformers, 'GgufConfig') and inspect.signature(transformers.GgufConfig))"
     # GPU smoke test of the whole proof path on the tiny target (regenerate, flex-attention training, eval)
     [ "${2:-smoke}" = smoke ] && python3 trainer/benchmarks/proof_smollm2.py --tiny --out "$S/tiny" --device cuda --report-dir "$OUT" \
         2>&1 | grep -v -E "Loading weights|Writing model" | tee "$OUT/tiny.log"

@@ -69,7 +69,12 @@ def _load_dense(folder: str, name: str, torch_dtype):
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
     except ImportError:
         pass
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, **kwargs)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, **kwargs)
+    except (TypeError, ValueError):
+        if not kwargs:
+            raise
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = loaded.config
     for attr in ("quantization_config",):
         if hasattr(config, attr):
