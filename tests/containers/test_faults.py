@@ -8,12 +8,15 @@ import subprocess
 import threading
 import time
 
+from pathlib import Path
+
 import pytest
 
-from conftest import PLAYBOOKS
 from harness import lxc
 from harness.fixtures import FAKE_TRAINER_CT, run_playbook
 from harness.sshd import Sshd
+
+PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
 
 pytestmark = pytest.mark.containers
 PLAY = PLAYBOOKS / "training_run.yml"

@@ -5,11 +5,13 @@ background process when the terminal hangs up; dflash.ops.training_run through a
 ssh (-tt, no pipelining) + pct leaves exactly one process every time.
 """
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import PLAYBOOKS
 from harness.fixtures import FAKE_TRAINER_CT
+
+PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
 
 pytestmark = pytest.mark.containers
 TRIES = 20

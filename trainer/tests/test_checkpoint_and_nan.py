@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from conftest import read_metrics
+from trainer_testlib import read_metrics
 from dflash_trainer import train
 from dflash_trainer.checkpoint import find_latest, save_checkpoint
 from dflash_trainer.cli import config_from_args

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import read_heartbeat, train_cmd
+from trainer_testlib import read_heartbeat, train_cmd
 
 
 def _run(cmd, env=None):

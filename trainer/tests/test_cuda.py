@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import read_heartbeat, train_cmd
+from trainer_testlib import read_heartbeat, train_cmd
 from dflash_trainer.blocks import block_inputs, dense_block_mask, flex_block_mask
 from test_blocks import tiny_drafter
 

@@ -6,7 +6,7 @@ import signal
 
 import torch
 
-from conftest import read_heartbeat, read_metrics, start, train_cmd, wait_for
+from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd, wait_for
 from dflash_trainer.checkpoint import find_latest, load_checkpoint
 
 
