@@ -13,25 +13,26 @@ import time
 POLL_S = 0.05
 
 
-def proc_state(pid):
-    """One-letter state of pid ('R', 'S', 'Z', …) or None when there is no such process."""
+def _stat_fields(pid):
+    """Fields of /proc/<pid>/stat after the command name, or None when there is no such process."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             data = f.read().decode("utf-8", "replace")
     except (OSError, ValueError):
         return None
-    # comm may hold spaces and parentheses: the state follows the last ')'.
-    return data[data.rfind(")") + 2:].split(" ", 1)[0]
+    # comm may hold spaces and parentheses: the fields follow the last ')'.
+    return data[data.rfind(")") + 2:].split(" ")
+
+
+def proc_state(pid):
+    """One-letter state of pid ('R', 'S', 'Z', …) or None when there is no such process."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def proc_pgrp(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read().decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return None
-    fields = data[data.rfind(")") + 2:].split(" ")
-    return int(fields[2])
+    fields = _stat_fields(pid)
+    return int(fields[2]) if fields else None
 
 
 def is_alive(pid):
