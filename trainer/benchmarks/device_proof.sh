@@ -31,7 +31,7 @@ stash)
     python3 -c "import transformers, inspect; print('GgufConfig', hasattr(transformers, 'GgufConfig') and inspect.signature(transformers.GgufConfig))"
     # GPU smoke test of the whole proof path on the tiny target (regenerate, flex-attention training, eval)
     [ "${2:-smoke}" = smoke ] && python3 trainer/benchmarks/proof_smollm2.py --tiny --out "$S/tiny" --device cuda --report-dir "$OUT" \
-        2>&1 | grep -v -E "Loading weights|Writing model" | tee "$OUT/tiny.log"
+        2>&1 | grep --line-buffered -v -E "Loading weights|Writing model" | tee "$OUT/tiny.log"
     ls -la "$S"
     ;;
 proof)
@@ -41,12 +41,12 @@ proof)
     echo "$(cut -d' ' -f1 .artifacts/dev-b/gguf.sha256)  $S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c || exit 5
     install_gguf .artifacts/dev-b
     python3 -m dflash_trainer.smollm2 --gguf "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$S/smollm2" \
-        2>&1 | grep -v -E "Converting|Loading weights|Writing model" | tee "$OUT/convert.log"
+        2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model" | tee "$OUT/convert.log"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6
     python3 trainer/benchmarks/proof_smollm2.py --target "$S/smollm2" --prompts .artifacts/dev-b/prompts.jsonl \
         --out "$S/proof" --report-dir "$OUT" --minutes "${2:-1,2,4}" --deadline-s "${3:-480}" \
         --num-eval 20 --eval-max-new-tokens 160 --regen-budget-s 80 \
-        2>&1 | grep -v -E "Loading weights|Writing model|forward_call|FutureWarning" | tee "$OUT/proof.log"
+        2>&1 | grep --line-buffered -v -E "Loading weights|Writing model|forward_call|FutureWarning" | tee "$OUT/proof.log"
     ;;
 *)
     echo "usage: $0 stash | proof [MINUTES] [DEADLINE_S]"; exit 2 ;;

@@ -293,6 +293,7 @@ def main(argv=None) -> int:
                "mask_token": f"{mask_id} ({mask_src})", "num_eval_prompts": args.num_eval,
                "eval_max_new_tokens": args.eval_max_new_tokens, "eval_dtype": "float32", "device": str(device),
                "data": stats, "snapshots": snapshots, "stage_s": stage, "args": vars(args)}
+    write_results(out, results)  # the training record survives even if evaluation runs out of time
     t = time.time()
     model, tokenizer = load_target(args.target, device, torch.float32)
     eos = eos_ids(args.target, model, tokenizer)

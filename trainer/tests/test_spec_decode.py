@@ -97,3 +97,22 @@ def test_prompt_lookup_decoding_is_lossless_and_gains_on_repetition(target):
     assert out.tokens == ref.tokens
     s = summarize([out], BLOCK)
     assert 1.0 <= s["tau"] <= BLOCK
+
+
+def test_inference_block_equals_the_training_block(target, drafter):
+    """The drafter at decode time (context = taps of positions < anchor only) computes the same logits as
+    the training path (all positions, block-sparse mask hiding those >= anchor): train/inference agree."""
+    from dflash_trainer.blocks import block_inputs, dense_block_mask
+    seq = [5, 17, 33, 2, 90, 41, 300, 301, 302, 7, 8, 9, 100, 200, 150, 12, 13, 14, 15, 16]
+    ids = torch.tensor([seq])
+    with torch.no_grad():
+        out = target.model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    taps = [out.hidden_states[i + 1] for i in drafter.cfg.target_layer_ids]  # as FrozenTarget does
+    for a in (3, 9, 15):
+        anchors, valid = torch.tensor([[a]]), torch.tensor([[True]])
+        block_ids, block_pos = block_inputs(ids, anchors, BLOCK, MASK_ID)
+        mask = dense_block_mask(anchors, valid, len(seq), BLOCK)
+        with torch.no_grad():
+            train_logits = drafter.logits(drafter(taps, block_ids, block_pos, mask)[0])
+        infer_logits = DFlashProposer(drafter).block_logits(seq[:a + 1], [t[0, :a] for t in taps])
+        torch.testing.assert_close(infer_logits, train_logits, rtol=1e-4, atol=1e-4)

@@ -97,6 +97,11 @@ class DFlashProposer(Proposer):
     def propose(self, tokens, taps, num):
         if num <= 0:
             return []
+        return self.block_logits(tokens, taps)[1:1 + num].argmax(-1).tolist()
+
+    @torch.no_grad()
+    def block_logits(self, tokens, taps) -> torch.Tensor:
+        """Logits [B, V] of the block anchored at the last token (slot 0 included, for tests)."""
         d = self.drafter
         device = d.fc.weight.device
         B = self.block_size
@@ -107,8 +112,7 @@ class DFlashProposer(Proposer):
         pos = torch.arange(T, T + B, device=device)[None]
         mask = torch.ones(1, 1, B, T + B, dtype=torch.bool, device=device)  # all context < anchor, whole block
         ctx = [t[None].to(device=device, dtype=d.fc.weight.dtype) for t in taps]
-        hidden = d(ctx, ids, pos, mask)
-        return d.logits(hidden[0, 1:1 + num]).argmax(-1).tolist()
+        return d.logits(d(ctx, ids, pos, mask)[0])
 
 
 def _new_cache(model):
