@@ -249,14 +249,16 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     args = p.parse_args(argv)
     if args.tiny:
-        for k, v in dict(minutes=args.minutes or "0.1,0.25", num_eval=min(args.num_eval, 4),
+        for k, v in dict(minutes=None, num_eval=min(args.num_eval, 4),
                          eval_max_new_tokens=min(args.eval_max_new_tokens, 24), regen_max_new_tokens=24,
                          regen_batch_size=32, regen_rows_per_shard=64, block_size=min(args.block_size, 8),
                          layers=min(args.layers, 1), token_budget=1024, max_batch_size=8, max_seq_len=256,
                          max_anchors=32, gamma=4.0, lr=3e-3, log_every=10,
                          # greedy answers of the random tiny target are a deterministic function to learn
                          temperature=0.0).items():
-            setattr(args, k, v)
+            if k != "minutes":
+                setattr(args, k, v)
+        args.minutes = args.minutes or "0.1,0.25"
     elif not (args.target and args.prompts):
         p.error("--target and --prompts are required without --tiny")
     args.minutes = [float(x) for x in (args.minutes or "1,2,4").split(",")]
@@ -268,7 +270,7 @@ def main(argv=None) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.tiny:
+    if args.tiny and args.target is None:
         args.target, args.prompts = setup_tiny(out, 160)
     stage = {}
     t = time.time()
