@@ -168,11 +168,13 @@ class Generator:
                 ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
                 att[row, width - len(prompts[i]):] = 1
             limit = max(max_new[i] for i in idx)
+            # pure temperature sampling (no top-k/top-p cut); greedy when --temperature 0
+            sampling = dict(do_sample=True, temperature=self.temperature, top_p=1.0, top_k=0) \
+                if self.temperature > 0 else dict(do_sample=False)
             with torch.no_grad():
                 out = self.model.generate(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
-                                          do_sample=self.temperature > 0, temperature=self.temperature or None,
-                                          top_p=1.0, top_k=0, max_new_tokens=limit, min_new_tokens=0,
-                                          eos_token_id=sorted(self.eos) or None, pad_token_id=self.pad)
+                                          max_new_tokens=limit, min_new_tokens=0, eos_token_id=sorted(self.eos) or None,
+                                          pad_token_id=self.pad, **sampling)
             for row, i in enumerate(idx):
                 result[i] = self._cut(out[row, width:].tolist(), max_new[i])
         return result
