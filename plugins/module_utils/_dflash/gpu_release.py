@@ -42,6 +42,31 @@ def nvml_snapshot(indexes):
         pynvml.nvmlShutdown()
 
 
+def check_gpus_exist(gpus):
+    """Refuse (before anything is stopped) GPU indexes NVML does not know; silent when NVML is unusable."""
+    if not gpus:
+        return
+    try:
+        nvml_snapshot([])  # only to learn whether NVML answers
+        count = _device_count()
+    except RuntimeError:
+        return
+    missing = [g for g in gpus if g >= count]
+    if missing:
+        raise ValueError("GPU %s does not exist here: NVML sees %d GPUs (0-%d); fix the run's GPU lists "
+                         "(dflash_target_gpus / dflash_drafter_gpus)" % (",".join(map(str, missing)), count,
+                                                                          count - 1))
+
+
+def _device_count():
+    import pynvml
+    pynvml.nvmlInit()
+    try:
+        return pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def _busy(snapshot, threshold_mib):
     return dict((i, s) for i, s in snapshot.items() if s["used_mib"] >= threshold_mib or s["processes"])
 

@@ -19,7 +19,7 @@ import time
 
 try:  # stripped when shipped: there the three files share one namespace
     from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group  # noqa: F401
-    from .gpu_release import nvml_snapshot, wait_for_release  # noqa: F401
+    from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release  # noqa: F401
 except ImportError:  # pragma: no cover
     pass
 
@@ -338,6 +338,10 @@ def _change(req, timings):
             result.update(action="noop", pid=own_pid, fingerprint=(own_launch or {}).get("fingerprint"),
                           same_config=same, heartbeat=_read_json(os.path.join(req["run_dir"], "heartbeat.json")))
             return result
+        try:
+            check_gpus_exist(req.get("gpus") or [])
+        except ValueError as exc:
+            raise LifecycleError(str(exc))
         result.update(changed=True, action="launched", would_stop=[n for n, _ in runs])
         if check:
             return result
