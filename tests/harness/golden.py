@@ -96,9 +96,10 @@ def build(force: bool = False) -> dict:
     n = name()
     timings: dict[str, float] = {}
     with _lock("golden"):
+        # Clones bind-mount the wheel cache (a fresh checkout has none even when the golden exists).
+        timings["wheels"] = fetch_wheels()
         if is_built(n) and not force:
             return {"name": n, "built": False, "timings": timings}
-        timings["wheels"] = fetch_wheels()
         lxc.destroy(n)  # a half-built one from an interrupted run
         conf = CACHE_DIR / f"{n}.conf"
         conf.write_text(lxc.BASE_CONFIG)
