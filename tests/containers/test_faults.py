@@ -44,11 +44,8 @@ def failed(r):
 
 
 def stopped(res):
-    """{pid: signal} of the runs stopped first. The brief's contract names `stopped_pids`; the module returns
-    `stopped: [{run, pid, pgid, signal, waited_s}]` (reported upstream) -- accept either."""
-    if "stopped" in res:
-        return {s["pid"]: s.get("signal") for s in res["stopped"]}
-    return {p: None for p in res.get("stopped_pids", [])}
+    """{pid: signal} of the runs stopped first (the module's `stopped: [{run, pid, pgid, signal, waited_s}]`)."""
+    return {s["pid"]: s["signal"] for s in res["stopped"]}
 
 
 def one_line(msg):

@@ -3,8 +3,13 @@
 
 Writes heartbeat.json {pid, phase, step, epoch, updated_at} into $DFLASH_RUN_DIR (or --run-dir) every --interval s,
 checkpoints to checkpoints/step-N (temp dir + rename, `latest` file) every --ckpt-every steps and on SIGTERM, and
-resumes from checkpoints/latest. Fault switches: --crash RC, --ignore-term, --slow-exit S, --hold PATH.
+resumes from checkpoints/latest. Fault switches: --crash RC, --ignore-term, --slow-exit S, --hold PATH,
+--fork-holder (a child that keeps stdout open and lives on), --no-heartbeat.
+Each start appends {pid, argv, tag, env, secret_sha, env_names} to <run dir>/starts.jsonl: `env` holds the
+variables named in $FAKE_SHOW_ENV, `secret_sha` the sha256 of those named in $FAKE_HASH_ENV (comma lists).
+Used on the host by tests/integration and benchmarks/restart.py, and inside the harness containers.
 """
+import hashlib
 import argparse
 import json
 import os
@@ -22,6 +27,16 @@ def atomic_json(path, obj):
     os.replace(tmp, path)
 
 
+def record_start(run_dir, tag):
+    show = [k for k in os.environ.get("FAKE_SHOW_ENV", "").split(",") if k]
+    hashed = [k for k in os.environ.get("FAKE_HASH_ENV", "").split(",") if k in os.environ]
+    facts = {"pid": os.getpid(), "argv": sys.argv, "tag": tag, "env": {k: os.environ.get(k) for k in show},
+             "secret_sha": {k: hashlib.sha256(os.environ[k].encode()).hexdigest() for k in hashed},
+             "env_names": sorted(os.environ)}
+    with open(os.path.join(run_dir, "starts.jsonl"), "a") as fh:
+        fh.write(json.dumps(facts) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-dir", default=os.environ.get("DFLASH_RUN_DIR"))
@@ -32,6 +47,8 @@ def main():
     ap.add_argument("--slow-exit", type=float, default=0.0, help="seconds to take to exit after SIGTERM")
     ap.add_argument("--hold", default=None, help="keep this file open (a fake GPU device)")
     ap.add_argument("--tag", default="", help="free text, only to change the fingerprint")
+    ap.add_argument("--fork-holder", action="store_true", help="fork a child that keeps stdout open and lives on")
+    ap.add_argument("--no-heartbeat", action="store_true", help="never write heartbeat.json")
     args, unknown = ap.parse_known_args()
     if not args.run_dir:
         print("fake_trainer: no run dir (DFLASH_RUN_DIR or --run-dir)", file=sys.stderr)
@@ -39,6 +56,7 @@ def main():
     run_dir = args.run_dir
     ckdir = os.path.join(run_dir, "checkpoints")
     os.makedirs(ckdir, exist_ok=True)
+    record_start(run_dir, args.tag)
     print("fake_trainer pid=%d argv=%s unknown=%s" % (os.getpid(), sys.argv[1:], unknown), flush=True)
     if args.crash is not None:
         print("fake_trainer: crashing at start with status %d (as asked)" % args.crash, flush=True)
@@ -69,6 +87,8 @@ def main():
         os.replace(latest + ".tmp", latest)
 
     def heartbeat(phase):
+        if args.no_heartbeat:
+            return
         atomic_json(os.path.join(run_dir, "heartbeat.json"),
                     {"pid": os.getpid(), "phase": phase, "step": step, "epoch": 0, "updated_at": time.time()})
 
@@ -76,6 +96,9 @@ def main():
         state["stop"] = True
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_term else on_term)
+    if args.fork_holder and os.fork() == 0:
+        time.sleep(3600)  # the child keeps the inherited stdout/stderr (the run's log) open
+        os._exit(0)
     heartbeat("training")
     while not state["stop"]:
         time.sleep(args.interval)

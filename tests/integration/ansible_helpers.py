@@ -7,7 +7,8 @@ import threading
 import ansible_runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FAKE = os.path.join(ROOT, "tests", "integration", "programs", "fake_trainer.py")
+# The stand-in trainer shared with the container harness (fault switches: see its docstring).
+FAKE = os.path.join(ROOT, "tests", "harness", "fake_trainer.py")
 PLAYBOOK = """---
 - name: Module under test
   hosts: localhost

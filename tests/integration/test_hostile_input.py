@@ -73,5 +73,6 @@ def test_secrets_never_land_in_argv_logs_or_launch_json(ansible, runs_root):
     assert secret not in launch and "WANDB_API_KEY" in json.loads(launch)["secret_env_names"]
     with open("/proc/%d/cmdline" % res["pid"], "rb") as f:
         assert secret.encode() not in f.read()
-    for path in run_dir.iterdir():
-        assert secret not in path.read_text(errors="replace"), path
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
