@@ -213,7 +213,6 @@ def test_concurrent_restarts_are_serialized(play, ct200):
 
 
 def test_ssh_drop_after_launch_keeps_the_run(harness_env, sshd, ct200):
-    import ansible_runner  # noqa: F401 (same environment as the play fixture)
     args = {"name": "dropped", "command": FAKE, **FAST, "settle_time": 5}
     cmd = ["ansible-playbook", "-i", str(PLAYBOOKS.parents[2] / "inventories/harness/hosts.yml"), str(PLAY),
            "-e", json.dumps({"tr": args})]
