@@ -27,15 +27,8 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 FILES = ("model.safetensors", "drafter_config.json", "train_state.pt")
 
 
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
+def _fsync(path: str) -> None:
+    """fsync a file's data or a directory's entries (both are opened read-only for it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -63,8 +56,8 @@ def save_checkpoint(output_dir: str, step: int, model_state: dict[str, torch.Ten
         json.dump(drafter_config, f, indent=2)
     torch.save(train_state, os.path.join(tmp, "train_state.pt"))
     for name in FILES:
-        _fsync_file(os.path.join(tmp, name))
-    _fsync_dir(tmp)
+        _fsync(os.path.join(tmp, name))
+    _fsync(tmp)
 
     pause = float(os.environ.get("DFLASH_DEBUG_CHECKPOINT_PAUSE_S", "0"))
     if pause > 0:  # test hook: widens the window in which a kill hits a half-finished checkpoint
@@ -73,14 +66,14 @@ def save_checkpoint(output_dir: str, step: int, model_state: dict[str, torch.Ten
     if os.path.exists(final):  # the same step saved twice (e.g. SIGTERM right after a periodic save)
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    _fsync(root)
     latest_tmp = os.path.join(root, ".latest.tmp")
     with open(latest_tmp, "w") as f:
         f.write(f"step-{step}\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(latest_tmp, os.path.join(root, "latest"))
-    _fsync_dir(root)
+    _fsync(root)
     prune(root, keep, protect=f"step-{step}")
     return final
 
