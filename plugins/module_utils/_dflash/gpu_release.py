@@ -17,8 +17,8 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def nvml_snapshot(indexes):
-    """{index: {"used_mib", "processes": [pids]}} or raise RuntimeError(reason) when NVML is unusable."""
+def _started_nvml():
+    """pynvml after nvmlInit() (the caller shuts it down), or RuntimeError(reason) when NVML is unusable."""
     try:
         import pynvml
     except ImportError:
@@ -27,6 +27,12 @@ def nvml_snapshot(indexes):
         pynvml.nvmlInit()
     except Exception as exc:
         raise RuntimeError("NVML could not start (%s): no NVIDIA driver here" % exc)
+    return pynvml
+
+
+def nvml_snapshot(indexes):
+    """{index: {"used_mib", "processes": [pids]}} or raise RuntimeError(reason) when NVML is unusable."""
+    pynvml = _started_nvml()
     try:
         count = pynvml.nvmlDeviceGetCount()
         out = {}
@@ -47,24 +53,18 @@ def check_gpus_exist(gpus):
     if not gpus:
         return
     try:
-        nvml_snapshot([])  # only to learn whether NVML answers
-        count = _device_count()
+        pynvml = _started_nvml()
     except RuntimeError:
         return
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlShutdown()
     missing = [g for g in gpus if g >= count]
     if missing:
         raise ValueError("GPU %s does not exist here: NVML sees %d GPUs (0-%d); fix the run's GPU lists "
                          "(dflash_target_gpus / dflash_drafter_gpus)" % (",".join(map(str, missing)), count,
                                                                           count - 1))
-
-
-def _device_count():
-    import pynvml
-    pynvml.nvmlInit()
-    try:
-        return pynvml.nvmlDeviceGetCount()
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def _busy(snapshot, threshold_mib):

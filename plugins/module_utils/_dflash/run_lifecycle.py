@@ -92,12 +92,12 @@ def conflicting_runs(req):
     gpus = set(req.get("gpus") or [])
     root = req["runs_root"]
     try:
-        names = sorted(os.listdir(root))
+        names = sorted(os.listdir(root)) if gpus else []  # runs without GPUs never conflict
     except OSError:
         names = []
     for name in names:
         run_dir = os.path.join(root, name)
-        if os.path.realpath(run_dir) == os.path.realpath(req["run_dir"]) or not gpus:
+        if os.path.realpath(run_dir) == os.path.realpath(req["run_dir"]):
             continue
         pid, launch = live_run(run_dir)
         if pid and gpus.intersection(launch.get("gpus") or []):
@@ -297,14 +297,12 @@ def _timed(timings, name, fn, *args):
         timings[name] = round(time.monotonic() - t0, 3)
 
 
-def _stop_all(req, runs, timings):
+def _stop_all(req, runs):
     stopped = []
-    t0 = time.monotonic()
     for name, pid in runs:
         info = stop_group(pid, req["stop_timeout"])
         info.update(run=name, pid=pid)
         stopped.append(info)
-    timings["stop"] = round(time.monotonic() - t0, 3)
     return stopped
 
 
@@ -332,7 +330,7 @@ def _change(req, timings):
             own = [(n, p) for n, p in runs if n == req["run"]]
             result.update(changed=bool(own), action="stopped" if own else "none", pid=own_pid)
             if own and not check:
-                result["stopped"] = _stop_all(req, own, timings)
+                result["stopped"] = _timed(timings, "stop", _stop_all, req, own)
             return result
         if own_pid is not None and (action == "started" or (same and not req.get("force"))):
             result.update(action="noop", pid=own_pid, fingerprint=(own_launch or {}).get("fingerprint"),
@@ -345,7 +343,7 @@ def _change(req, timings):
         result.update(changed=True, action="launched", would_stop=[n for n, _ in runs])
         if check:
             return result
-        result["stopped"] = _stop_all(req, runs, timings)
+        result["stopped"] = _timed(timings, "stop", _stop_all, req, runs)
         result["gpu_wait"] = _timed(timings, "gpu_wait", wait_for_release, req.get("gpus") or [],
                                     req["gpu_device_pattern"], req["gpu_memory_threshold_mib"],
                                     req["gpu_release_timeout"])
