@@ -122,7 +122,8 @@ skipped_reason:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.pct_exec_backend import PctExecError, run_command
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.module_failure import ModuleFailure
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.pct_exec_backend import run_command
 
 
 def main():
@@ -148,7 +149,7 @@ def main():
     )
     try:
         result = run_command(module)
-    except PctExecError as exc:
+    except ModuleFailure as exc:
         module.fail_json(msg=str(exc), **exc.facts)
     module.exit_json(**result)
 

@@ -252,8 +252,8 @@ alive:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.training_backend import (
-    TrainingRunError, argument_spec, manage_run)
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.module_failure import ModuleFailure
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.training_backend import argument_spec, manage_run
 
 
 def main():
@@ -265,7 +265,7 @@ def main():
     )
     try:
         result = manage_run(module)
-    except TrainingRunError as exc:
+    except ModuleFailure as exc:
         module.fail_json(msg=str(exc), **exc.facts)
     module.exit_json(**result)
 

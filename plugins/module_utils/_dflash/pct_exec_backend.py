@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import shlex
 
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.module_failure import ModuleFailure
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport import Transport, TransportError
-
-
-class PctExecError(Exception):
-    def __init__(self, msg, **facts):
-        Exception.__init__(self, msg)
-        self.facts = facts
 
 
 def _path_exists(transport, path, timeout):
@@ -29,7 +24,7 @@ def run_command(module):
         transport = Transport(p["transport"], vmid=p.get("vmid"), pct_path=p["pct_path"])
         full = transport.build_argv(argv, env=p["env"], login_shell=p["login_shell"], cwd=p["chdir"])
     except ValueError as exc:
-        raise PctExecError(str(exc))
+        raise ModuleFailure(str(exc))
     result = {"changed": False, "argv": full}
     try:
         if p["creates"] and _path_exists(transport, p["creates"], p["timeout"]):
@@ -44,12 +39,12 @@ def run_command(module):
         rc, out, err = transport.run(argv, env=p["env"], login_shell=p["login_shell"], cwd=p["chdir"],
                                      timeout=p["timeout"])
     except TransportError as exc:
-        raise PctExecError(str(exc), argv=full)
+        raise ModuleFailure(str(exc), argv=full)
     result.update(rc=rc, stdout=out, stderr=err, stdout_lines=out.splitlines(), stderr_lines=err.splitlines())
     # Ansible fails any result whose rc is non-zero unless told otherwise: expected_rc decides here.
     result["failed"] = rc not in p["expected_rc"]
     if rc not in p["expected_rc"]:
         tail = (err.strip() or out.strip()).splitlines()[-1:] or ["no output"]
-        raise PctExecError("command exited with status %d in %s: %s" % (rc, transport.describe(), tail[0]),
+        raise ModuleFailure("command exited with status %d in %s: %s" % (rc, transport.describe(), tail[0]),
                            **result)
     return result

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.lifecycle_payload import run_lifecycle_remote
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.module_failure import ModuleFailure
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.run_config import build_request
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport import Transport, TransportError
 
@@ -18,12 +19,6 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport impor
 def default_python(transport):
     # Locally the module's own interpreter surely exists; in a container python3 is the one to expect.
     return sys.executable if transport == "local" else "python3"
-
-
-class TrainingRunError(Exception):
-    def __init__(self, msg, **facts):
-        Exception.__init__(self, msg)
-        self.facts = facts
 
 
 def argument_spec():
@@ -64,15 +59,15 @@ def manage_run(module):
         request = build_request(p, check_mode=module.check_mode)
         transport = Transport(p["transport"], vmid=p.get("vmid"), pct_path=p["pct_path"])
     except ValueError as exc:
-        raise TrainingRunError(str(exc))
+        raise ModuleFailure(str(exc))
     try:
         result = run_lifecycle_remote(transport, request, python=p["python"] or default_python(p["transport"]),
                                       timeout=p["timeout"])
     except TransportError as exc:
-        raise TrainingRunError(str(exc))
+        raise ModuleFailure(str(exc))
     if result.pop("failed", False):
         msg = result.pop("msg", "the lifecycle failed")
-        raise TrainingRunError("run %s: %s" % (p["name"], msg), **result)
+        raise ModuleFailure("run %s: %s" % (p["name"], msg), **result)
     if request["action"] == "started" and result.get("action") == "noop" and not result.get("same_config"):
         module.warn("run %s is alive with another configuration; use state=restarted to apply the new one"
                     % p["name"])
