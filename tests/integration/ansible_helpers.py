@@ -20,6 +20,27 @@ PLAYBOOK = """---
 """
 
 
+BIN = os.path.dirname(sys.executable)
+RUNNER_ENV = {"ANSIBLE_COLLECTIONS_PATH": os.path.join(ROOT, ".collections"),
+              "ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"),
+              # ansible-playbook from the same virtual environment as this test run.
+              "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
+
+
+def run_project_playbook(data_dir, playbook, inventory, extravars, check=False):
+    """One of playbooks/ through ansible-runner: (status, [event_data of each ok or failed task result])."""
+    os.makedirs(str(data_dir))
+    r = ansible_runner.run(private_data_dir=str(data_dir), project_dir=os.path.join(ROOT, "playbooks"),
+                           playbook=playbook, inventory=inventory, extravars=extravars, quiet=True,
+                           cmdline="--check" if check else None, envvars=RUNNER_ENV)
+    return r.status, [e["event_data"] for e in r.events if e.get("event") in ("runner_on_ok", "runner_on_failed")]
+
+
+def module_result(events):
+    """The training_run result among a restart/stop/status playbook's task results."""
+    return [e["res"] for e in events if e["task"].startswith("Training run")][-1]
+
+
 class Ansible(object):
     """Calls one module through a real ansible-playbook run and returns (ok, result)."""
 
@@ -38,11 +59,7 @@ class Ansible(object):
             private_data_dir=str(data_dir), playbook="play.yml", quiet=True,
             extravars={"module_args": args},
             cmdline="--check" if check else None,
-            envvars={"ANSIBLE_COLLECTIONS_PATH": os.path.join(ROOT, ".collections"),
-                     "ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"),
-                     "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-                     # ansible-playbook from the same virtual environment as this test run.
-                     "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")},
+            envvars=dict(RUNNER_ENV, ANSIBLE_PYTHON_INTERPRETER=sys.executable),
             inventory="localhost ansible_connection=local",
             settings={"suppress_ansible_output": True},
         )

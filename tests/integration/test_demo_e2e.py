@@ -6,29 +6,18 @@ import subprocess
 import sys
 import time
 
-import ansible_runner
 import pytest
-from ansible_helpers import ROOT
+from ansible_helpers import BIN, ROOT, run_project_playbook
 
 pytestmark = pytest.mark.timeout(400)
-BIN = os.path.dirname(sys.executable)
-
-
-def play(tmp_path, playbook, **extra):
-    data = tmp_path / ("runner-%s-%d" % (playbook, time.monotonic_ns()))
-    data.mkdir()
-    r = ansible_runner.run(
-        private_data_dir=str(data), project_dir=os.path.join(ROOT, "playbooks"), playbook=playbook,
-        inventory=os.path.join(ROOT, "inventories", "local"), quiet=True,
-        extravars=dict({"run": "demo", "dflash_demo_models": str(tmp_path / "models"),
-                        "dflash_demo_root": str(tmp_path / "demo"), "ansible_python_interpreter": sys.executable},
-                       **extra),
-        envvars={"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"),
-                 "ANSIBLE_COLLECTIONS_PATH": os.path.join(ROOT, ".collections"),
-                 "PATH": BIN + os.pathsep + os.environ.get("PATH", "")})
-    res = [e["event_data"]["res"] for e in r.events if e.get("event") in ("runner_on_ok", "runner_on_failed")
-           and e["event_data"].get("task", "").startswith("Training run")]
-    assert r.status == "successful" and res, (res[-1].get("msg") if res else r.stdout.read()[-3000:])
+def play(tmp_path, playbook):
+    status, events = run_project_playbook(
+        tmp_path / ("runner-%s-%d" % (playbook, time.monotonic_ns())), playbook,
+        os.path.join(ROOT, "inventories", "local"),
+        {"run": "demo", "dflash_demo_models": str(tmp_path / "models"), "dflash_demo_root": str(tmp_path / "demo"),
+         "ansible_python_interpreter": sys.executable})
+    res = [e["res"] for e in events if e["task"].startswith("Training run")]
+    assert status == "successful" and res, (res[-1].get("msg") if res else status)
     return res[-1]
 
 

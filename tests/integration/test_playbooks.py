@@ -6,12 +6,10 @@ import subprocess
 import sys
 import tarfile
 
-import ansible_runner
 import pytest
 import yaml
-from ansible_helpers import FAKE, ROOT, live_pids_with
+from ansible_helpers import BIN, FAKE, ROOT, live_pids_with, module_result, run_project_playbook
 
-BIN = os.path.dirname(sys.executable)
 ENV = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
            PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
 PLAYBOOKS = ["restart_training.yml", "stop_training.yml", "training_status.yml"]
@@ -56,52 +54,38 @@ def test_collection_build_keeps_trainer_and_leaves_out_venv(tmp_path):
 
 def _play(tmp_path, playbook, extravars, check=False, n=[0]):
     n[0] += 1
-    data = tmp_path / ("runner-%d" % n[0])
-    data.mkdir()
     inv = tmp_path / "inventory.json"
-    runs = tmp_path / "runs"
     inv.write_text(json.dumps({"dflash_training": {"hosts": {"localhost": {
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-        "dflash_transport": "local", "dflash_runs_root": str(runs), "dflash_trainer_command": [FAKE],
+        "dflash_transport": "local", "dflash_runs_root": str(tmp_path / "runs"), "dflash_trainer_command": [FAKE],
         "dflash_run_defaults": {"trainer_args": {"lr": 1, "tag": "pb-test"}, "env": {"A": "1"}},
         "dflash_runs": {"r1": {"trainer_args": {"lr": 2}}}}}}}))
-    r = ansible_runner.run(private_data_dir=str(data), project_dir=os.path.join(ROOT, "playbooks"),
-                           playbook=playbook, inventory=str(inv), extravars=extravars, quiet=True,
-                           cmdline="--check" if check else None,
-                           envvars={"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"),
-                                    "ANSIBLE_COLLECTIONS_PATH": os.path.join(ROOT, ".collections"),
-                                    "PATH": ENV["PATH"]})
-    res = [e["event_data"] for e in r.events if e.get("event") in ("runner_on_ok", "runner_on_failed")]
-    return r.status, res
-
-
-def _module_result(events):
-    return [e["res"] for e in events if e["task"].startswith("Training run")][-1]
+    return run_project_playbook(tmp_path / ("runner-%d" % n[0]), playbook, str(inv), extravars, check=check)
 
 
 def test_restart_playbook_is_idempotent_four_ways(tmp_path):
     try:
         status, ev = _play(tmp_path, "restart_training.yml", {"run": "r1"}, check=True)
-        assert status == "successful" and _module_result(ev)["changed"]
+        assert status == "successful" and module_result(ev)["changed"]
         assert live_pids_with("--tag=pb-test") == []
         status, ev = _play(tmp_path, "restart_training.yml", {"run": "r1"})
-        first = _module_result(ev)
+        first = module_result(ev)
         assert status == "successful" and first["changed"]
         assert "--lr=2" in json.loads((tmp_path / "runs" / "r1" / "launch.json").read_text())["argv"]
         status, ev = _play(tmp_path, "restart_training.yml", {"run": "r1"}, check=True)
-        assert status == "successful" and not _module_result(ev)["changed"]
+        assert status == "successful" and not module_result(ev)["changed"]
         status, ev = _play(tmp_path, "restart_training.yml", {"run": "r1"})
-        again = _module_result(ev)
+        again = module_result(ev)
         assert status == "successful" and not again["changed"] and again["pid"] == first["pid"]
         assert live_pids_with("--tag=pb-test") == [first["pid"]]
         status, ev = _play(tmp_path, "restart_training.yml", {"run": "r1", "force": True})
-        forced = _module_result(ev)
+        forced = module_result(ev)
         assert forced["changed"] and forced["pid"] != first["pid"]
         status, ev = _play(tmp_path, "training_status.yml", {"run": "r1"})
         summary = [e["res"]["msg"] for e in ev if e["task"] == "Summarize"][0]
         assert "run r1: training (pid %d)" % forced["pid"] in summary and "heartbeat" in summary
         status, ev = _play(tmp_path, "stop_training.yml", {"run": "r1"})
-        assert _module_result(ev)["changed"] and live_pids_with("--tag=pb-test") == []
+        assert module_result(ev)["changed"] and live_pids_with("--tag=pb-test") == []
     finally:
         for pid in live_pids_with("--tag=pb-test"):
             os.kill(pid, 9)
