@@ -7,10 +7,12 @@
 #               mkdir -p .artifacts/dev-a .artifacts/dev-b && split -n 2 -d "$G" .artifacts/gguf-part-
 #               mv .artifacts/gguf-part-00 .artifacts/dev-a/ && mv .artifacts/gguf-part-01 .artifacts/dev-b/
 #               pip download --no-deps gguf==0.19.0 -d .artifacts/dev-a && cp .artifacts/dev-a/*.whl .artifacts/dev-b/
-#               python trainer/benchmarks/proof_prompts.py --out .artifacts/dev-b/prompts.jsonl
+#               python trainer/benchmarks/proof_prompts.py --num-chitchat 6000 --out .artifacts/dev-b/prompts.jsonl
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
 # Call 1 (carry .artifacts/dev-a):  bash trainer/benchmarks/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
-# Call 2 (carry .artifacts/dev-b):  bash trainer/benchmarks/device_proof.sh proof [MINUTES] [DEADLINE_S]
+# Call 2 (carry .artifacts/dev-b):  bash trainer/benchmarks/device_proof.sh launch PROOF_FLAGS...
+#                                   (starts proof_smollm2.py detached, then follows it for $WATCH_S s)
+# Calls 3.. (within 30 s of the last): bash trainer/benchmarks/device_proof.sh watch [SECONDS]
 set -uo pipefail
 S=/var/tmp/dflash
 OUT=${OUT:-/tmp/dflash-out}
@@ -20,6 +22,16 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/trainer/src:$S/site"
 install_gguf() {
     [ -d "$S/site/gguf" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --target "$S/site" "$1"/gguf-*.whl || exit 4
+}
+
+# Follow the detached proof's log for up to $1 seconds (or until it exits); copy its reports to $OUT.
+watch_proof() {
+    local until=$((SECONDS + $1))
+    while [ $SECONDS -lt $until ] && pgrep -f proof_smollm2.py > /dev/null; do sleep 5; done
+    grep -v -E "Loading weights|Writing model|forward_call|FutureWarning|warnings.warn" "$S/proof.log" > "$OUT/proof.log"
+    tail -n 60 "$OUT/proof.log"
+    cp "$S"/report/proof.* "$OUT/" 2>/dev/null
+    pgrep -f proof_smollm2.py > /dev/null && echo "STILL RUNNING" || echo "PROOF FINISHED"
 }
 
 case "${1:-}" in
@@ -34,20 +46,27 @@ stash)
         2>&1 | grep --line-buffered -v -E "Loading weights|Writing model" | tee "$OUT/tiny.log"
     ls -la "$S"
     ;;
-proof)
+launch)
+    # Join, check and convert the GGUF, then start the proof in its own session (setsid), so that it
+    # outlives this call: the machine keeps running it while later `watch` calls keep the machine warm.
     [ -f "$S/gguf-part-00" ] || { echo "part 1 is not here: the machine was not kept warm; run stash again"; exit 3; }
     mkdir -p "$S/gguf"
     cat "$S/gguf-part-00" .artifacts/dev-b/gguf-part-01 > "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
     echo "$(cut -d' ' -f1 .artifacts/dev-b/gguf.sha256)  $S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c || exit 5
     install_gguf .artifacts/dev-b
+    cp .artifacts/dev-b/prompts.jsonl "$S/prompts.jsonl"
     python3 -m dflash_trainer.smollm2 --gguf "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$S/smollm2" \
         2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model" | tee "$OUT/convert.log"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6
-    python3 trainer/benchmarks/proof_smollm2.py --target "$S/smollm2" --prompts .artifacts/dev-b/prompts.jsonl \
-        --out "$S/proof" --report-dir "$OUT" --minutes "${2:-1,2,4}" --deadline-s "${3:-480}" \
-        --num-eval 20 --eval-max-new-tokens 160 --regen-budget-s 80 \
-        2>&1 | grep --line-buffered -v -E "Loading weights|Writing model|forward_call|FutureWarning" | tee "$OUT/proof.log"
+    shift
+    setsid nohup python3 trainer/benchmarks/proof_smollm2.py --target "$S/smollm2" --prompts "$S/prompts.jsonl" \
+        --out "$S/proof" --report-dir "$S/report" "$@" > "$S/proof.log" 2>&1 < /dev/null &
+    echo "proof started (pid $!): $*"
+    watch_proof "${WATCH_S:-540}"
+    ;;
+watch)
+    watch_proof "${2:-540}"
     ;;
 *)
-    echo "usage: $0 stash | proof [MINUTES] [DEADLINE_S]"; exit 2 ;;
+    echo "usage: $0 stash [smoke|nosmoke] | launch PROOF_FLAGS... | watch [SECONDS]"; exit 2 ;;
 esac

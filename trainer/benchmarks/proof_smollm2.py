@@ -107,7 +107,7 @@ def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, de
     cfg = DrafterConfig.from_target(tconf, args.layers, layer_ids, args.block_size, mask_id)
     dataset = TokenizedDataset(data_dir, args.max_seq_len)
     loader = BatchLoader(dataset, args.seed, args.token_budget, args.max_batch_size)
-    target = FrozenTarget(target_dir, device, layer_ids, need_last_hidden=False)
+    target = FrozenTarget(target_dir, device, layer_ids, need_last_hidden=args.soft_labels)
     drafter = DFlashDrafter(cfg).to(device)
     drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
     if device.type == "cuda":
@@ -120,6 +120,7 @@ def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, de
     log(f"train: {len(dataset)} sequences, {int(dataset.lengths.sum())} tokens "
         f"({dataset.num_supervised_tokens} supervised), mask token {mask_id} occurs {n_mask} times in the data; "
         f"drafter {args.layers} layers, block {args.block_size}, taps {layer_ids}, "
+        f"{'soft (KL to the target)' if args.soft_labels else 'hard'} labels, lr {args.lr}, "
         f"{sum(p.numel() for p in params) / 1e6:.2f} M params; budgets {args.minutes} min on {device}")
     budgets = sorted(args.minutes)
     total_s = budgets[-1] * 60
@@ -128,8 +129,8 @@ def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, de
     t_warm = time.time()
     for i in range(args.warmup_batches):  # compile flex attention outside the timed budget; no update
         batch = loader.next_batch()
-        taps, _ = target(batch.input_ids)
-        drafter_micro_batch(drafter, taps, None, batch.input_ids, batch.loss_mask, batch.lengths,
+        taps, last = target(batch.input_ids)
+        drafter_micro_batch(drafter, taps, last, batch.input_ids, batch.loss_mask, batch.lengths,
                             max_anchors=args.max_anchors, gamma=args.gamma, noise_amplitude=0.0,
                             seed=derived_seed(args.seed, -1 - i), head_chunk_size=4096).loss.backward()
         opt.zero_grad(set_to_none=True)
@@ -145,8 +146,8 @@ def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, de
             g["lr"] = args.lr * lr_factor(frac, args.warmup)
         amp = args.noise_start + (args.noise_end - args.noise_start) * min(frac, 1.0)
         batch = loader.next_batch()
-        taps, _ = target(batch.input_ids)
-        out_ = drafter_micro_batch(drafter, taps, None, batch.input_ids, batch.loss_mask, batch.lengths,
+        taps, last = target(batch.input_ids)
+        out_ = drafter_micro_batch(drafter, taps, last, batch.input_ids, batch.loss_mask, batch.lengths,
                                    max_anchors=args.max_anchors, gamma=args.gamma, noise_amplitude=amp,
                                    seed=derived_seed(args.seed, step), head_chunk_size=4096)
         out_.loss.backward()
@@ -227,7 +228,8 @@ def parse_args(argv):
     p.add_argument("--regen-batch-size", type=int, default=512)
     p.add_argument("--regen-budget-s", type=float, default=120.0, help="stop starting new shards after this")
     p.add_argument("--regen-rows-per-shard", type=int, default=512)
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--temperature", type=float, default=0.7, help="regeneration; 0 = greedy, like the evaluation")
+    p.add_argument("--soft-labels", action="store_true", help="KL to the target's distribution instead of CE")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--taps", type=int, default=5)

@@ -20,12 +20,14 @@ def load_driver():
 
 
 @pytest.mark.timeout(180)
-def test_proof_tiny_runs_and_reports(tmp_path):
+@pytest.mark.parametrize("labels", [[], ["--soft-labels"]], ids=["hard", "soft"])
+def test_proof_tiny_runs_and_reports(tmp_path, labels):
     driver = load_driver()
     out = tmp_path / "proof"
     assert driver.main(["--tiny", "--out", str(out), "--minutes", "0.05,0.1", "--device", "cpu",
-                        "--report-dir", str(tmp_path / "report")]) == 0
+                        "--report-dir", str(tmp_path / "report")] + labels) == 0
     result = json.load(open(tmp_path / "report" / "proof.json"))
+    assert result["args"]["soft_labels"] == bool(labels)
     assert [s["minutes"] for s in result["snapshots"]] == [0.05, 0.1]
     assert result["baseline"]["lossless"]
     for snap in result["snapshots"]:
