@@ -196,6 +196,8 @@ def test_stray_gpu_holder_times_out_naming_its_pid(ansible, runs_root, tmp_path)
             runs_root, gpus=[3], gpu_device_pattern=str(tmp_path / "gpu{index}"), gpu_release_timeout=1))
         assert not ok
         assert "pid %d" % holder.pid in res["msg"] and "not released" in res["msg"]
+        assert res["msg"].startswith("run r1: GPUs 3 were not released"), res["msg"]  # a refusal, not a crash
+        assert res["timings"]["gpu_wait"] >= 1.0 and res["stopped"] == []
         assert not (runs_root / "r1" / "pid").exists() and not (runs_root / "r1" / "launch.json").exists()
     finally:
         holder.kill()

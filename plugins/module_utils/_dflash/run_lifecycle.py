@@ -344,9 +344,12 @@ def _change(req, timings):
         if check:
             return result
         result["stopped"] = _timed(timings, "stop", _stop_all, req, runs)
-        result["gpu_wait"] = _timed(timings, "gpu_wait", wait_for_release, req.get("gpus") or [],
-                                    req["gpu_device_pattern"], req["gpu_memory_threshold_mib"],
-                                    req["gpu_release_timeout"])
+        try:
+            result["gpu_wait"] = _timed(timings, "gpu_wait", wait_for_release, req.get("gpus") or [],
+                                        req["gpu_device_pattern"], req["gpu_memory_threshold_mib"],
+                                        req["gpu_release_timeout"])
+        except RuntimeError as exc:  # a refusal with its own fix, not a crash: keep what was stopped
+            raise LifecycleError(str(exc), stopped=result["stopped"], changed=bool(result["stopped"]))
         os.makedirs(req["run_dir"], exist_ok=True)
         now = time.time()
         proc, result["kept"] = _timed(timings, "launch", launch, req, now)
