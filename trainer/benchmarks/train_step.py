@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -35,6 +36,9 @@ PRESETS = {
                      vocab=248320, seq_len=8192, block=32, anchors=1024, taps=5, batch=1, device="cuda",
                      steps=5, warmup=3),
     # The CPU demo shape (dflash-make-tiny target, README demo flags).
+    # The SmolLM2-135M proof (hidden 576, vocab 49,152): 5 layers, block 16, 64 sequences of ~320 tokens.
+    "smollm2": dict(hidden=576, layers=5, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152,
+                    seq_len=320, block=16, anchors=256, taps=5, batch=64, device="cuda", steps=10, warmup=3),
     "tiny-cpu": dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
                      seq_len=256, block=8, anchors=64, taps=5, batch=8, device="cpu", steps=10, warmup=2),
 }
@@ -53,6 +57,10 @@ def parse_args(argv):
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--no-compile", action="store_true", help="eager layers on CUDA (default: torch.compile)")
     p.add_argument("--profile", action="store_true", help="after timing, print the top kernels of one step")
+    p.add_argument("--labels", choices=["hard", "soft", "both"], default="hard",
+                   help="soft = KL to a target distribution (the target's last hidden state is random here)")
+    p.add_argument("--head-loss", choices=["default", "eager", "both"], default="default",
+                   help="both: time the eager chunked head loss, then the default (compiled on CUDA), same process")
     args = p.parse_args(argv)
     shape = dict(PRESETS[args.preset or "tiny-cpu"])
     for key in list(shape):
@@ -75,6 +83,27 @@ def flop_estimate(cfg: DrafterConfig, T: int, anchors: torch.Tensor, valid: torc
     head = 2 * 2 * rows * cfg.vocab_size * H
     return {"layers": 3 * layer_fwd, "attention": 3 * attn_fwd, "head": head,
             "total": 3 * layer_fwd + 3 * attn_fwd + head}
+
+
+def print_result(result: dict, args) -> None:
+    s, flops = result["shape"], result["tflop_per_step"]
+    median, tflops = result["step_s_median"], result["achieved_tflops"]
+    rows = [("device", result["device"]),
+            ("variant", f"{result['labels']} labels, {result['head_loss']} head loss"),
+            ("shape", f"hidden {s['hidden']} layers {s['layers']} block {s['block']} anchors {s['anchors']} "
+                      f"vocab {s['vocab']} seq {s['seq_len']} batch {s['batch']}"),
+            ("trainable params", f"{result['trainable_params'] / 1e6:.1f} M"),
+            ("step time (median)", f"{median * 1e3:.1f} ms   ({1 / median:.2f} steps/s)"),
+            ("TFLOP/step layers", f"{flops['layers']:.4g}"),
+            ("TFLOP/step attention", f"{flops['attention']:.4g}"),
+            ("TFLOP/step head", f"{flops['head']:.4g}"),
+            ("achieved TFLOP/s", f"{tflops:.4g}"),
+            ("ratio to peak", f"{tflops / args.peak_tflops:.4g} of {args.peak_tflops:g} TFLOP/s")]
+    if "max_memory_gb" in result:
+        rows.append(("peak memory", f"{result['max_memory_gb']:.1f} GB"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
 
 
 def main(argv=None) -> int:
@@ -106,59 +135,90 @@ def main(argv=None) -> int:
     loss_mask = torch.ones(B, T, dtype=torch.bool)
     lengths = torch.full((B,), T)
     taps = [torch.randn(B, T, s["hidden"], device=device, dtype=frozen_dtype) for _ in range(s["taps"])]
+    last = torch.randn(B, T, s["hidden"], device=device, dtype=frozen_dtype)
+    labels = ["hard", "soft"] if args.labels == "both" else [args.labels]
+    losses = ["eager", "default"] if args.head_loss == "both" else [args.head_loss]
+    variants = [(lab, hl) for lab in labels for hl in losses]
+    state = {"variant": variants[0]}
 
     def step(i):
-        out = drafter_micro_batch(drafter, taps, None, input_ids, loss_mask, lengths, max_anchors=s["anchors"],
-                                  gamma=10.0, noise_amplitude=0.01, seed=derived_seed(0, i),
-                                  head_chunk_size=args.head_chunk)
+        label, head_loss = state["variant"]
+        os.environ["DFLASH_EAGER_HEAD_LOSS"] = "1" if head_loss == "eager" else ""
+        out = drafter_micro_batch(drafter, taps, last if label == "soft" else None, input_ids, loss_mask, lengths,
+                                  max_anchors=s["anchors"], gamma=10.0, noise_amplitude=0.01,
+                                  seed=derived_seed(0, i), head_chunk_size=args.head_chunk)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return out
 
+    def loss_and_grads(label, head_loss):
+        """Loss and flattened gradient of one fixed micro-batch, without an optimizer step."""
+        os.environ["DFLASH_EAGER_HEAD_LOSS"] = "1" if head_loss == "eager" else ""
+        out = drafter_micro_batch(drafter, taps, last if label == "soft" else None, input_ids, loss_mask, lengths,
+                                  max_anchors=s["anchors"], gamma=10.0, noise_amplitude=0.0, seed=123,
+                                  head_chunk_size=args.head_chunk)
+        out.loss.backward()
+        grad = torch.cat([p.grad.flatten().float() for p in trainable if p.grad is not None])
+        optimizer.zero_grad(set_to_none=True)
+        return float(out.loss.detach()), grad
+
+    agreement = {}
+    if args.head_loss == "both":  # the fused loss must give the eager loss and gradient (bf16 rounding aside)
+        for label in labels:
+            l_e, g_e = loss_and_grads(label, "eager")
+            l_c, g_c = loss_and_grads(label, "default")
+            agreement[label] = {"loss_eager": l_e, "loss_default": l_c,
+                                "grad_rel_diff": float((g_e - g_c).norm() / g_e.norm().clamp(min=1e-30))}
+            print(f"agreement {label}: loss eager {l_e:.6f} default {l_c:.6f}, "
+                  f"|grad diff|/|grad| {agreement[label]['grad_rel_diff']:.2e}")
+
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for i in range(s["warmup"]):  # compile flex_attention / create_block_mask, allocator warmup
-        step(i)
-    sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(s["steps"]):
-        sync()
-        t0 = time.perf_counter()
-        out = step(s["warmup"] + i)
-        sync()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    median = times[len(times) // 2]
-
     anchors, valid = sample_anchors(loss_mask, s["anchors"], torch.Generator().manual_seed(0))
-    flops = flop_estimate(cfg, T, anchors, valid, out.num_rows)
-    tflops = flops["total"] / median / 1e12
-    result = {"shape": s, "compiled_layers": device.type == "cuda" and not args.no_compile, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "trainable_params": sum(p.numel() for p in trainable), "step_s_median": median,
-              "step_s_all": times, "steps_per_s": 1 / median, "tflop_per_step": {k: v / 1e12 for k, v in flops.items()},
-              "achieved_tflops": tflops, "peak_tflops": args.peak_tflops, "ratio_to_peak": tflops / args.peak_tflops,
-              "loss": float(out.loss.detach()), "block_tokens_per_s": B * anchors.shape[1] * s["block"] / median}
-    if device.type == "cuda":
-        result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-
-    rows = [("device", result["device"]),
-            ("shape", f"hidden {s['hidden']} layers {s['layers']} block {s['block']} anchors {s['anchors']} "
-                      f"vocab {s['vocab']} seq {s['seq_len']} batch {B}"),
-            ("trainable params", f"{result['trainable_params'] / 1e6:.1f} M"),
-            ("step time (median)", f"{median * 1e3:.1f} ms   ({1 / median:.2f} steps/s)"),
-            ("TFLOP/step layers", f"{flops['layers'] / 1e12:.4g}"),
-            ("TFLOP/step attention", f"{flops['attention'] / 1e12:.4g}"),
-            ("TFLOP/step head", f"{flops['head'] / 1e12:.4g}"),
-            ("achieved TFLOP/s", f"{tflops:.4g}"),
-            ("ratio to peak", f"{tflops / args.peak_tflops:.4g} of {args.peak_tflops:g} TFLOP/s")]
-    if "max_memory_gb" in result:
-        rows.append(("peak memory", f"{result['max_memory_gb']:.1f} GB"))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    results, reference = [], None
+    for variant in variants:
+        state["variant"] = variant
+        t_warm = time.perf_counter()
+        for i in range(s["warmup"]):  # compile flex_attention / create_block_mask / the head loss, allocator
+            step(i)
+        sync()
+        warm_s = time.perf_counter() - t_warm
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for i in range(s["steps"]):
+            sync()
+            t0 = time.perf_counter()
+            out = step(s["warmup"] + i)
+            sync()
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        median = times[len(times) // 2]
+        reference = reference or median
+        flops = flop_estimate(cfg, T, anchors, valid, out.num_rows)
+        if variant[0] == "soft":
+            flops["head"] = flops["head"] * 3 // 2   # + the target distribution's head matmul
+            flops["total"] = flops["layers"] + flops["attention"] + flops["head"]
+        tflops = flops["total"] / median / 1e12
+        result = {"labels": variant[0], "head_loss": variant[1], "shape": s, "warmup_s": warm_s,
+                  "agreement_with_eager": agreement.get(variant[0]),
+                  "compiled_layers": device.type == "cuda" and not args.no_compile,
+                  "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                  "trainable_params": sum(p.numel() for p in trainable), "step_s_median": median,
+                  "step_s_all": times, "steps_per_s": 1 / median, "ratio_to_first": median / reference,
+                  "tflop_per_step": {k: v / 1e12 for k, v in flops.items()}, "achieved_tflops": tflops,
+                  "peak_tflops": args.peak_tflops, "ratio_to_peak": tflops / args.peak_tflops,
+                  "loss": float(out.loss.detach()), "block_tokens_per_s": B * anchors.shape[1] * s["block"] / median}
+        if device.type == "cuda":
+            result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        results.append(result)
+        print_result(result, args)
+    if len(results) > 1:
+        print(f"{'labels':<6} {'head loss':<9} {'step ms':>8} {'steps/s':>8} {'x first':>8} {'TFLOP/s':>8} {'warm-up s':>9}")
+        for r in results:
+            print(f"{r['labels']:<6} {r['head_loss']:<9} {r['step_s_median'] * 1e3:8.1f} {r['steps_per_s']:8.2f} "
+                  f"{r['ratio_to_first']:8.3f} {r['achieved_tflops']:8.1f} {r['warmup_s']:9.1f}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -169,7 +229,7 @@ def main(argv=None) -> int:
         print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+            json.dump(results[0] if len(results) == 1 else results, f, indent=2)
     return 0
 
 

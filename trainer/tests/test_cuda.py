@@ -38,3 +38,23 @@ def test_train_on_one_gpu(tiny, tmp_path):
     assert read_heartbeat(tmp_path / "out")["phase"] == "finished"
     bad = subprocess.run(train_cmd(tiny, tmp_path / "bad", "--target-gpus", "99"), capture_output=True, text=True)
     assert bad.returncode == 2 and "do not exist" in bad.stderr
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_compiled_head_loss_matches_reference_on_cuda(soft):
+    """The default CUDA head loss (fixed-shape padded chunks, torch.compile) against plain autograd."""
+    from dflash_trainer.loss import chunked_head_loss, compile_head_loss, reference_head_loss
+    assert compile_head_loss(torch.device("cuda"))
+    torch.manual_seed(0)
+    n, h, v = 1000, 64, 5000
+    hidden = torch.randn(n, h, device="cuda", requires_grad=True)
+    weight = torch.randn(v, h, device="cuda") * 0.2
+    labels = torch.randint(0, v, (n,), device="cuda")
+    w = torch.rand(n, device="cuda")
+    target = torch.randn(n, h, device="cuda") if soft else None
+    total, _ = chunked_head_loss(hidden, weight, labels, w, target, chunk=256)   # 3 full chunks + 1 padded
+    (grad,) = torch.autograd.grad(total, hidden)
+    ref = reference_head_loss(hidden, weight, labels, w, target)
+    (ref_grad,) = torch.autograd.grad(ref, hidden)
+    assert torch.allclose(total, ref, rtol=1e-4), (total, ref)
+    assert torch.allclose(grad, ref_grad, rtol=1e-3, atol=1e-5), (grad - ref_grad).abs().max()

@@ -55,3 +55,21 @@ def test_noise_schedule_and_amplitude():
     x = torch.zeros(1000)
     (y,) = add_uniform_noise([x], 0.05, torch.Generator().manual_seed(0))
     assert y.abs().max() <= 0.05 and y.abs().max() > 0.04 and abs(y.mean()) < 0.01
+
+
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("compiled", [False, True], ids=["padded-eager", "torch.compile"])
+def test_padded_fixed_shape_chunks_equal_reference(soft, compiled, monkeypatch):
+    """The CUDA path: fixed-size chunks (last one padded with zero-weight rows), optionally compiled."""
+    import dflash_trainer.loss as loss_mod
+    monkeypatch.setattr(loss_mod, "compile_head_loss", lambda device: True)
+    if not compiled:
+        monkeypatch.setattr(loss_mod, "_compiled", lambda fn: fn)
+    hidden, weight, labels, w, target = _inputs(soft)
+    total, correct = chunked_head_loss(hidden, weight, labels, w, target, chunk=16)   # 37 rows: 16+16+5(+11 pad)
+    (grad,) = torch.autograd.grad(total, hidden)
+    ref = reference_head_loss(hidden, weight, labels, w, target)
+    (ref_grad,) = torch.autograd.grad(ref, hidden)
+    assert correct.shape == (37,)
+    assert torch.allclose(total, ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-5)

@@ -10,6 +10,8 @@ Legend: N supervised rows, H hidden, V vocabulary.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -18,34 +20,69 @@ import torch.nn.functional as F
 from dflash_trainer.blocks import block_labels, slot_weights
 
 
+def _hard_chunk(h, weight_VH, y, w, need_grad: bool):
+    """CE against the data token for one chunk: (Σ w·ℓ, top-1 correct, d(Σ w·ℓ)/dh or None)."""
+    logp = torch.log_softmax((h @ weight_VH.T).float(), dim=-1)              # [n, V]
+    total = -(logp.gather(1, y[:, None]).squeeze(1) * w).sum()
+    correct = logp.argmax(-1) == y
+    if not need_grad:
+        return total, correct, None
+    dlogits = logp.exp().scatter_add(1, y[:, None], -torch.ones_like(logp[:, :1]))
+    return total, correct, (dlogits * w[:, None]).to(weight_VH.dtype) @ weight_VH
+
+
+def _soft_chunk(h, weight_VH, t, w, need_grad: bool):
+    """KL(p_target || p_draft) for one chunk, the target distribution being softmax(t @ W.T)."""
+    logp = torch.log_softmax((h @ weight_VH.T).float(), dim=-1)
+    logq = torch.log_softmax((t @ weight_VH.T).float(), dim=-1)
+    q = logq.exp()
+    total = ((q * (logq - logp)).sum(-1) * w).sum()
+    correct = logp.argmax(-1) == logq.argmax(-1)
+    if not need_grad:
+        return total, correct, None
+    return total, correct, ((logp.exp() - q) * w[:, None]).to(weight_VH.dtype) @ weight_VH
+
+
+@functools.cache
+def _compiled(fn):
+    # Fixed chunk shapes (the last chunk is padded), so each variant compiles once per process.
+    return torch.compile(fn, dynamic=False)
+
+
+def compile_head_loss(device: torch.device) -> bool:
+    """Fused chunk kernels on CUDA: eager runs ~10 separate passes over each [chunk, V] fp32 block
+    (log_softmax, exp, gather, scatter, casts), which cost more than the head matmuls themselves.
+    DFLASH_EAGER_HEAD_LOSS=1 turns it off (debugging, and the benchmark's eager reference)."""
+    return device.type == "cuda" and os.environ.get("DFLASH_EAGER_HEAD_LOSS", "") not in ("1", "true")
+
+
 class _ChunkedHeadLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_NH, weight_VH, labels_N, row_w_N, target_NH, chunk: int):
         need_grad = ctx.needs_input_grad[0]
+        N = hidden_NH.shape[0]
+        soft = target_NH is not None
+        fn = _soft_chunk if soft else _hard_chunk
+        compiled = compile_head_loss(hidden_NH.device)
+        if compiled:
+            fn = _compiled(fn)
         total = torch.zeros((), dtype=torch.float32, device=hidden_NH.device)
-        correct = torch.zeros(hidden_NH.shape[0], dtype=torch.bool, device=hidden_NH.device)
+        correct = torch.zeros(N, dtype=torch.bool, device=hidden_NH.device)
         grad = torch.empty_like(hidden_NH) if need_grad else None
-        for s in range(0, hidden_NH.shape[0], chunk):
-            h = hidden_NH[s:s + chunk].to(weight_VH.dtype)
-            logp = torch.log_softmax((h @ weight_VH.T).float(), dim=-1)      # [n, V]
-            w = row_w_N[s:s + chunk].float()
-            if target_NH is None:  # hard labels: CE against the data token
-                y = labels_N[s:s + chunk]
-                total += -(logp.gather(1, y[:, None]).squeeze(1) * w).sum()
-                correct[s:s + chunk] = logp.argmax(-1) == y
-                if need_grad:
-                    dlogits = logp.exp()
-                    dlogits.scatter_add_(1, y[:, None], -torch.ones_like(dlogits[:, :1]))
-            else:  # soft labels: KL(p_target || p_draft) to the target's own distribution
-                t = target_NH[s:s + chunk].to(weight_VH.dtype)
-                logq = torch.log_softmax((t @ weight_VH.T).float(), dim=-1)
-                q = logq.exp()
-                total += ((q * (logq - logp)).sum(-1) * w).sum()
-                correct[s:s + chunk] = logp.argmax(-1) == logq.argmax(-1)
-                if need_grad:
-                    dlogits = logp.exp() - q
+        for s in range(0, N, chunk):
+            e = min(s + chunk, N)
+            h = hidden_NH[s:e].to(weight_VH.dtype)
+            other = target_NH[s:e].to(weight_VH.dtype) if soft else labels_N[s:e]
+            w = row_w_N[s:e].float()
+            if compiled and e - s < chunk:  # pad to the fixed shape; padded rows weigh 0 and are dropped
+                pad = chunk - (e - s)
+                h, w = F.pad(h, (0, 0, 0, pad)), F.pad(w, (0, pad))
+                other = F.pad(other, (0, 0, 0, pad) if soft else (0, pad))
+            part, ok, g = fn(h, weight_VH, other, w, need_grad)
+            total += part
+            correct[s:e] = ok[:e - s]
             if need_grad:
-                grad[s:s + chunk] = ((dlogits * w[:, None]).to(weight_VH.dtype) @ weight_VH).to(grad.dtype)
+                grad[s:e] = g[:e - s].to(grad.dtype)
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(correct)
         return total, correct
