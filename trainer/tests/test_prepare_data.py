@@ -104,6 +104,10 @@ def test_regenerate_uses_the_targets_own_tokens_and_resumes(chat_target, tmp_pat
     # a rerun with other settings is refused instead of mixing data
     with pytest.raises(ValueError, match="other settings"):
         prepare(chat_target, [src], out, **{**kw, "temperature": 0.5})
+    # ... and so is the same path with edited content (the shards were made from the old prompts)
+    write_jsonl(tmp_path / "in.jsonl", synthetic_chats(9, seed=3))
+    with pytest.raises(ValueError, match="other settings"):
+        prepare(chat_target, [src], out, **kw)
 
 
 def test_regenerated_greedy_rows_equal_the_targets_greedy_decode(chat_target, tmp_path):

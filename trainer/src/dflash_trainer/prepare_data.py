@@ -199,6 +199,14 @@ def write_shard(out_dir: str, shard: int, rows: list[tuple[list[int], list[int]]
     return path
 
 
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _write_json(path: str, obj) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(obj, f, indent=2)
@@ -241,6 +249,7 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"the tokenizer in {target_model} has no chat template; add one (tokenizer_config.json)")
     settings = {"target_model": os.path.abspath(target_model), "inputs": [os.path.abspath(p) for p in inputs],
+                "input_sha256": [_sha256(p) for p in inputs],  # edited prompts must not resume old shards
                 "max_seq_len": max_seq_len, "rows_per_shard": rows_per_shard, "regenerate": regenerate,
                 "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed}
     fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
