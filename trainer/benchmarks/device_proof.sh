@@ -7,7 +7,7 @@
 #               mkdir -p .artifacts/dev-a .artifacts/dev-b && split -n 2 -d "$G" .artifacts/gguf-part-
 #               mv .artifacts/gguf-part-00 .artifacts/dev-a/ && mv .artifacts/gguf-part-01 .artifacts/dev-b/
 #               pip download --no-deps gguf==0.19.0 -d .artifacts/dev-a && cp .artifacts/dev-a/*.whl .artifacts/dev-b/
-#               python trainer/benchmarks/proof_prompts.py --num-chitchat 6000 --out .artifacts/dev-b/prompts.jsonl
+#               python trainer/benchmarks/proof_prompts.py --num-chitchat 12000 --out .artifacts/dev-b/prompts.jsonl  (run 2: 6000)
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
 #               (optional) cp <files_at of an earlier watch>/data.tar .artifacts/dev-b/  (skips regeneration)
 # Call 1 (carry .artifacts/dev-a):  bash trainer/benchmarks/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
