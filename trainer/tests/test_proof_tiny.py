@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def load_driver():
-    path = os.path.join(HERE, "..", "benchmarks", "proof_smollm2.py")
-    spec = importlib.util.spec_from_file_location("proof_smollm2", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from trainer_testlib import load_benchmark
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("labels", [[], ["--soft-labels"]], ids=["hard", "soft"])
 def test_proof_tiny_runs_and_reports(tmp_path, labels):
-    driver = load_driver()
+    driver = load_benchmark("proof_smollm2")
     out = tmp_path / "proof"
     assert driver.main(["--tiny", "--out", str(out), "--minutes", "0.05,0.1", "--device", "cpu",
                         "--report-dir", str(tmp_path / "report")] + labels) == 0

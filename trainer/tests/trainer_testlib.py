@@ -5,11 +5,22 @@ import` would pick whichever conftest was imported first.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
+
+
+def load_benchmark(name):
+    """A trainer/benchmarks script as a module (that folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def train_cmd(tiny, out_dir, *extra):
