@@ -15,7 +15,7 @@
 #                                   (starts proof_smollm2.py detached, then follows it for $WATCH_S s)
 # Calls 3.. (within 30 s of the last): bash trainer/benchmarks/device_proof.sh watch [SECONDS]
 set -uo pipefail
-S=${DFLASH_STASH:-/var/tmp/dflash}
+S=${DFLASH_STASH:-/var/tmp/dflash}   # kept between calls while the machine is warm (override: tests of this script)
 OUT=${OUT:-/tmp/dflash-out}
 mkdir -p "$S" "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/trainer/src:$S/site"
