@@ -7,16 +7,20 @@ Real target (one GPU; the SmolLM2 dir comes from `dflash-smollm2-prepare`):
 CPU smoke test of the whole path (tiny random Qwen3 target, tiny tokenizer, synthetic chats):
     python trainer/benchmarks/proof_smollm2.py --tiny --out /tmp/proof-tiny
 
-Steps (each writes into --out; proof.json and proof.md are rewritten after every evaluation):
+Two GPUs: --regen-devices cuda:0,cuda:1 splits the regeneration between them, and --eval-device cuda:1
+evaluates the baseline and each snapshot on the second GPU while the drafter trains on the first.
+
+Steps (each writes into --out; proof.json and proof.md are rewritten after every snapshot and evaluation):
   a) the prompts are split: the last --num-eval rows after a seeded shuffle are held out for evaluation;
   b) dflash-prepare-data --regenerate answers the others with the target (batched generate, time-capped
-     by --regen-budget-s) into parquet shards;
+     by --regen-budget-s) into parquet shards, one preparation per regeneration device;
   c) one training run with the trainer's own step (dflash_trainer.step.drafter_micro_batch: anchors,
      block mask, chunked loss) whose learning rate and noise follow the wall clock (warmup then cosine
      over the largest budget); a checkpoint is saved when each budget in --minutes is reached;
   d) each checkpoint is exported (dflash-export format) and reloaded from the export;
-  e) dflash-eval's evaluation on the held-out prompts: the target's greedy decode (reference), prompt
-     lookup, and each snapshot's drafter; τ, histogram, per-slot acceptance, losslessness.
+  e) dflash-eval's evaluation on the held-out prompts (proof_eval.py, inline or alongside training): the
+     target's greedy decode (reference), prompt lookup, and each snapshot's drafter; τ, histogram,
+     per-slot acceptance, losslessness.
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ import math
 import os
 import random
 import shutil
+import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import torch
 
@@ -36,11 +43,12 @@ from dflash_trainer.checkpoint import save_checkpoint
 from dflash_trainer.config import default_target_layer_ids, find_mask_token_id
 from dflash_trainer.data import BatchLoader, TokenizedDataset
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.evaluate import eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target
-from dflash_trainer.export import export_checkpoint
 from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.prepare_data import prepare
 from dflash_trainer.step import derived_seed, drafter_micro_batch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder is not a package
+import proof_eval  # noqa: E402
 
 T0 = time.time()
 
@@ -77,6 +85,44 @@ def split_prompts(path: str, out: str, num_eval: int, seed: int) -> tuple[str, s
     return paths[0], paths[1], len(train)
 
 
+def regenerate(args, train_prompts: str, out: str, devices: list[str]) -> tuple[str, dict]:
+    """The training data dir and its stats: one preparation per device (in parallel processes), each on a
+    round-robin share of the prompts, gathered into one folder of links for TokenizedDataset."""
+    kw = dict(max_seq_len=args.max_seq_len, rows_per_shard=args.regen_rows_per_shard, regenerate=True,
+              temperature=args.temperature, max_new_tokens=args.regen_max_new_tokens,
+              batch_size=args.regen_batch_size, engine="transformers", seed=args.seed,
+              time_budget_s=args.regen_budget_s, progress=False)
+    data_dir = os.path.join(out, "data")
+    if len(devices) == 1:
+        return data_dir, prepare(args.target, [train_prompts], data_dir, device=devices[0], **kw)
+    with open(train_prompts) as f:
+        rows = f.readlines()
+    parts = []
+    for i in range(len(devices)):
+        parts.append(os.path.join(out, f"train_prompts-{i}.jsonl"))
+        with open(parts[-1], "w") as f:
+            f.writelines(rows[i::len(devices)])
+    with ProcessPoolExecutor(len(devices), mp_context=get_context("spawn")) as pool:  # CUDA needs spawn
+        futures = [pool.submit(prepare, args.target, [part], os.path.join(data_dir, f"part-{i}"), device=d, **kw)
+                   for i, (part, d) in enumerate(zip(parts, devices))]
+        part_stats = [f.result() for f in futures]
+    joined = os.path.join(data_dir, "all")
+    shutil.rmtree(joined, ignore_errors=True)
+    os.makedirs(joined)
+    for i in range(len(devices)):
+        for name in sorted(os.listdir(os.path.join(data_dir, f"part-{i}"))):
+            if name.endswith(".parquet"):
+                os.symlink(os.path.join("..", f"part-{i}", name), os.path.join(joined, f"part{i}-{name}"))
+    stats = {k: sum(st[k] for st in part_stats) for k in part_stats[0] if isinstance(part_stats[0][k], int)
+             and not isinstance(part_stats[0][k], bool)}
+    stats["bad"] = {}
+    for st in part_stats:
+        for reason, n in st["bad"].items():
+            stats["bad"][reason] = stats["bad"].get(reason, 0) + n
+    stats.update(complete=all(st["complete"] for st in part_stats), devices=devices)
+    return joined, stats
+
+
 def mask_token_for(target: str, flag: int | None) -> tuple[int, str]:
     if flag is not None:
         return flag, "--mask-token-id"
@@ -96,8 +142,10 @@ def lr_factor(frac: float, warmup: float) -> float:
     return 0.5 * (1 + math.cos(math.pi * min((frac - warmup) / (1 - warmup), 1.0)))
 
 
-def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, device: torch.device) -> list[dict]:
-    """One run; learning rate and noise follow elapsed/total time; a checkpoint at each budget."""
+def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, device: torch.device,
+                on_snapshot) -> list[dict]:
+    """One run; learning rate and noise follow elapsed/total time; a checkpoint at each budget, announced
+    in train/snapshots.jsonl (for the evaluation worker) and passed to on_snapshot."""
     from transformers import AutoConfig
 
     from dflash_trainer.target import FrozenTarget
@@ -170,6 +218,8 @@ def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, de
                                   "epoch": loader.epoch, "loss": loss, "slot_acc": [round(a, 4) for a in acc],
                                   "tau_proxy": acceptance_proxy(acc), "checkpoint": path})
                 log(f"snapshot at {minutes} min: step {step}, {path}")
+                proof_eval.record_snapshot(out, snapshots[-1])
+                on_snapshot(snapshots)
     del target
     return snapshots
 
@@ -215,6 +265,16 @@ def _write_results(out: str, results: dict) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+def device_problem(name: str) -> str | None:
+    try:
+        d = torch.device(name)
+    except RuntimeError:
+        return "not a device name; use cpu, cuda or cuda:N"
+    if d.type == "cuda" and (not torch.cuda.is_available() or (d.index or 0) >= torch.cuda.device_count()):
+        return f"this machine has {torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA devices"
+    return None
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="HF target dir (e.g. from dflash-smollm2-prepare)")
@@ -228,6 +288,10 @@ def parse_args(argv):
     p.add_argument("--regen-batch-size", type=int, default=512)
     p.add_argument("--regen-budget-s", type=float, default=120.0, help="stop starting new shards after this")
     p.add_argument("--regen-rows-per-shard", type=int, default=512)
+    p.add_argument("--regen-devices", default=None,
+                   help="comma-separated, e.g. cuda:0,cuda:1: one regeneration process each (default: --device)")
+    p.add_argument("--eval-device", default=None,
+                   help="evaluate on this device (e.g. cuda:1) while training; default: after training, on --device")
     p.add_argument("--temperature", type=float, default=0.7, help="regeneration; 0 = greedy, like the evaluation")
     p.add_argument("--soft-labels", action="store_true", help="KL to the target's distribution instead of CE")
     p.add_argument("--block-size", type=int, default=16)
@@ -264,7 +328,33 @@ def parse_args(argv):
     elif not (args.target and args.prompts):
         p.error("--target and --prompts are required without --tiny")
     args.minutes = [float(x) for x in (args.minutes or "1,2,4").split(",")]
+    args.regen_devices = [d.strip() for d in args.regen_devices.split(",") if d.strip()] \
+        if args.regen_devices else None
+    for d in (args.regen_devices or []) + [args.eval_device] * bool(args.eval_device):
+        problem = device_problem(d)
+        if problem:
+            p.error(f"device {d!r}: {problem}")
     return args
+
+
+def start_eval_worker(out: str, device: str, deadline_s: float | None) -> subprocess.Popen:
+    cmd = [sys.executable, proof_eval.__file__, "--out", out, "--device", device]
+    if deadline_s is not None:
+        cmd += ["--deadline-epoch", str(T0 + deadline_s)]
+    log(f"evaluation worker on {device}: {' '.join(cmd)}")
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)  # its lines go to this process's stdout
+
+
+def finish_eval_worker(worker: subprocess.Popen, deadline_s: float | None) -> None:
+    """Wait for the worker until the deadline; whatever it leaves undone is evaluated inline after."""
+    timeout = None if deadline_s is None else max(deadline_s - (time.time() - T0), 0) + 60
+    try:
+        rc = worker.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        rc = worker.wait()
+    if rc != 0:
+        log(f"evaluation worker exited with {rc}; the rest is evaluated here")
 
 
 def main(argv=None) -> int:
@@ -279,54 +369,42 @@ def main(argv=None) -> int:
     train_prompts, eval_prompts, n_train = split_prompts(args.prompts, out, args.num_eval, args.seed)
     mask_id, mask_src = mask_token_for(args.target, args.mask_token_id)
     log(f"{n_train} training prompts, {args.num_eval} held out; mask token {mask_id} from {mask_src}")
-    data_dir = os.path.join(out, "data")
-    stats = prepare(args.target, [train_prompts], data_dir, max_seq_len=args.max_seq_len,
-                    rows_per_shard=args.regen_rows_per_shard, regenerate=True, temperature=args.temperature,
-                    max_new_tokens=args.regen_max_new_tokens, batch_size=args.regen_batch_size,
-                    engine="transformers", device=str(device), seed=args.seed, time_budget_s=args.regen_budget_s,
-                    progress=False)
+    data_dir, stats = regenerate(args, train_prompts, out, args.regen_devices or [str(device)])
     stage["regenerate_s"] = round(time.time() - t, 1)
     log(f"data: {json.dumps(stats)}")
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    t = time.time()
-    shutil.rmtree(os.path.join(out, "train"), ignore_errors=True)  # budgets are measured from a fresh start
-    snapshots = train_timed(args, args.target, data_dir, mask_id, out, device)
-    stage["train_s"] = round(time.time() - t, 1)
+    # budgets are measured from a fresh start, and no result of an earlier run may be merged into this one
+    for stale in ("train", "eval"):
+        shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
+    os.makedirs(os.path.join(out, "train"))
+    proof_eval.write_settings(out, {"target": args.target, "eval_prompts": eval_prompts,
+                                    "block_size": args.block_size, "max_new_tokens": args.eval_max_new_tokens})
     results = {"target": args.target, "block_size": args.block_size, "layers": args.layers,
                "mask_token": f"{mask_id} ({mask_src})", "num_eval_prompts": args.num_eval,
                "eval_max_new_tokens": args.eval_max_new_tokens, "eval_dtype": "float32", "device": str(device),
-               "data": stats, "snapshots": snapshots, "stage_s": stage, "args": vars(args)}
+               "eval_device": args.eval_device or str(device), "data": stats, "snapshots": [], "stage_s": stage,
+               "args": vars(args)}
+    worker = start_eval_worker(out, args.eval_device, args.deadline_s) if args.eval_device else None
+
+    def on_snapshot(snapshots: list[dict]) -> None:  # the record so far, with whatever the worker finished
+        results["snapshots"] = snapshots
+        proof_eval.merge(out, results)
+        write_results(out, results)
+
+    t = time.time()
+    results["snapshots"] = train_timed(args, args.target, data_dir, mask_id, out, device, on_snapshot)
+    stage["train_s"] = round(time.time() - t, 1)
+    proof_eval.mark_training_done(out)
     write_results(out, results)  # the training record survives even if evaluation runs out of time
     t = time.time()
-    model, tokenizer = load_target(args.target, device, torch.float32)
-    eos = eos_ids(args.target, model, tokenizer)
-    prompts = load_prompts(eval_prompts, tokenizer)
-    references = None
-    # The longest-trained snapshot first (always evaluated; it also computes the greedy references), then
-    # the baseline, then the shorter budgets while --deadline-s allows.
-    for i, snap in enumerate(reversed(snapshots)):
-        if i > 0 and args.deadline_s is not None and time.time() - T0 > args.deadline_s:
-            snap["eval"] = None
-            log(f"deadline: {snap['minutes']} min snapshot not evaluated")
-            continue
-        export_dir = os.path.join(out, f"export-{snap['minutes']}min")
-        export_checkpoint(snap["checkpoint"], args.target, export_dir, dtype="bfloat16")
-        drafter = load_drafter(export_dir, model, device, torch.float32)  # reloaded from the export
-        rep = evaluate(model, prompts, drafter=drafter, block_size=args.block_size,
-                       max_new_tokens=args.eval_max_new_tokens, eos=eos, baseline=False, references=references)
-        if references is None:
-            references = rep["references"]
-            results["target_only"] = rep["target_only"]
-            base = evaluate(model, prompts, block_size=args.block_size, max_new_tokens=args.eval_max_new_tokens,
-                            eos=eos, ngram=3, baseline=True, references=references)
-            results["baseline"] = base["methods"]["prompt_lookup_n3"]
-            log("baseline:\n" + format_table(base))
-        snap["eval"] = rep["methods"]["dflash"]
-        snap["export"] = export_dir
-        log(f"after {snap['minutes']} min ({snap['step']} steps):\n" + format_table(rep))
-        write_results(out, results)
-    stage["eval_s"] = round(time.time() - t, 1)
+    if worker is not None:
+        finish_eval_worker(worker, args.deadline_s)
+    proof_eval.run_inline(out, device, None if args.deadline_s is None else T0 + args.deadline_s, log)
+    stage["eval_after_training_s"] = round(time.time() - t, 1)
+    proof_eval.merge(out, results)
+    for snap in results["snapshots"]:
+        snap.setdefault("eval", None)
     stage["total_s"] = round(time.time() - T0, 1)
     write_results(out, results)
     log(f"results: {os.path.join(out, 'proof.md')}")

@@ -1,0 +1,181 @@
+"""The evaluation side of the SmolLM2 proof: the baseline and each training snapshot, one result file each.
+
+`proof_smollm2.py` uses it in one of two ways:
+  - inline, after training, on the training device (one GPU): the longest-trained snapshot first, then the
+    shorter ones while the deadline allows;
+  - as a worker process on a second device while the drafter trains (`--eval-device cuda:1`):
+        python trainer/benchmarks/proof_eval.py --out OUT --device cuda:1
+    it evaluates the baseline, then each snapshot as soon as train/snapshots.jsonl names it, and stops once
+    train/done exists and every named snapshot has a result. Anything the worker left undone (it crashed, or
+    ran out of time) is then done inline, so a failed worker costs time, not results.
+
+Files under OUT: eval/settings.json (written by the driver), eval/baseline.json (greedy references, target-only
+and prompt-lookup figures), eval/snapshot-STEP.json (that snapshot's DFlash figures and export dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+from dflash_trainer.evaluate import eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target
+from dflash_trainer.export import export_checkpoint
+
+SNAPSHOTS = os.path.join("train", "snapshots.jsonl")
+DONE = os.path.join("train", "done")
+
+
+def _path(out: str, name: str) -> str:
+    return os.path.join(out, "eval", name)
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)  # a reader never sees half a file
+
+
+def _read_json(path: str):
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_settings(out: str, settings: dict) -> None:
+    os.makedirs(os.path.join(out, "eval"), exist_ok=True)
+    _write_json(_path(out, "settings.json"), settings)
+
+
+def record_snapshot(out: str, snap: dict) -> None:
+    """Called by the trainer after each checkpoint is saved: makes it visible to the worker."""
+    with open(os.path.join(out, SNAPSHOTS), "a") as f:
+        f.write(json.dumps(snap) + "\n")
+
+
+def mark_training_done(out: str) -> None:
+    open(os.path.join(out, DONE), "w").close()
+
+
+def listed_snapshots(out: str) -> list[dict]:
+    path = os.path.join(out, SNAPSHOTS)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def snapshot_result(out: str, step: int) -> dict | None:
+    return _read_json(_path(out, f"snapshot-{step}.json"))
+
+
+def baseline_result(out: str) -> dict | None:
+    return _read_json(_path(out, "baseline.json"))
+
+
+def merge(out: str, results: dict) -> None:
+    """Copy the evaluation files' figures into the driver's results dict (the report's shape)."""
+    base = baseline_result(out)
+    if base:
+        results["target_only"], results["baseline"] = base["target_only"], base["prompt_lookup"]
+    for snap in results["snapshots"]:
+        res = snapshot_result(out, snap["step"])
+        if res:
+            snap["eval"], snap["export"], snap["eval_device"] = res["eval"], res["export"], res["device"]
+
+
+class Evaluator:
+    """The target in float32 on one device, the held-out prompts, and the greedy references."""
+
+    def __init__(self, out: str, device: torch.device, log):
+        self.out, self.device, self.log = out, device, log
+        self.settings = _read_json(_path(out, "settings.json"))
+        s = self.settings
+        self.model, tokenizer = load_target(s["target"], device, torch.float32)
+        self.eos = eos_ids(s["target"], self.model, tokenizer)
+        self.prompts = load_prompts(s["eval_prompts"], tokenizer)
+        base = baseline_result(out)
+        self.references = base["references"] if base else None
+
+    def baseline(self) -> None:
+        if self.references is not None:
+            return
+        s = self.settings
+        rep = evaluate(self.model, self.prompts, block_size=s["block_size"], max_new_tokens=s["max_new_tokens"],
+                       eos=self.eos, ngram=3, baseline=True, references=None)
+        self.references = rep["references"]
+        _write_json(_path(self.out, "baseline.json"),
+                    {"references": rep["references"], "target_only": rep["target_only"],
+                     "prompt_lookup": rep["methods"]["prompt_lookup_n3"], "device": str(self.device)})
+        self.log("baseline:\n" + format_table(rep))
+
+    def snapshot(self, snap: dict) -> None:
+        s = self.settings
+        export_dir = os.path.join(self.out, f"export-{snap['minutes']}min")
+        export_checkpoint(snap["checkpoint"], s["target"], export_dir, dtype="bfloat16")
+        drafter = load_drafter(export_dir, self.model, self.device, torch.float32)  # reloaded from the export
+        rep = evaluate(self.model, self.prompts, drafter=drafter, block_size=s["block_size"],
+                       max_new_tokens=s["max_new_tokens"], eos=self.eos, baseline=False,
+                       references=self.references)
+        _write_json(_path(self.out, f"snapshot-{snap['step']}.json"),
+                    {"eval": rep["methods"]["dflash"], "export": export_dir, "device": str(self.device)})
+        self.log(f"after {snap['minutes']} min ({snap['step']} steps):\n" + format_table(rep))
+
+
+def run_inline(out: str, device: torch.device, deadline_t: float | None, log) -> None:
+    """After training: whatever has no result yet, the longest-trained snapshot first (always evaluated),
+    then the baseline, then the shorter ones while time.time() < deadline_t."""
+    pending = [s for s in reversed(listed_snapshots(out)) if snapshot_result(out, s["step"]) is None]
+    if not pending and baseline_result(out):
+        return
+    ev = Evaluator(out, device, log)
+    ev.baseline()
+    for i, snap in enumerate(pending):
+        if i > 0 and deadline_t is not None and time.time() > deadline_t:
+            log(f"deadline: {snap['minutes']} min snapshot not evaluated")
+            continue
+        ev.snapshot(snap)
+
+
+def run_worker(out: str, device: torch.device, deadline_t: float | None, log, poll_s: float = 2.0) -> None:
+    """Alongside training: the baseline, then each snapshot as it is listed, until training is done."""
+    ev = Evaluator(out, device, log)
+    ev.baseline()
+    while True:
+        done = os.path.isfile(os.path.join(out, DONE))  # read before the list: no snapshot can be missed
+        pending = [s for s in listed_snapshots(out) if snapshot_result(out, s["step"]) is None]
+        if deadline_t is not None and time.time() > deadline_t:
+            log(f"deadline: {len(pending)} snapshot(s) left to the driver")
+            return
+        if pending:
+            ev.snapshot(pending[0])
+        elif done:
+            return
+        else:
+            time.sleep(poll_s)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="the proof's --out (holds eval/settings.json)")
+    p.add_argument("--device", required=True, help="e.g. cuda:1")
+    p.add_argument("--deadline-epoch", type=float, default=None, help="stop after this time.time()")
+    args = p.parse_args(argv)
+    t0 = time.time()
+
+    def log(msg: str) -> None:
+        print(f"[eval {time.time() - t0:7.1f} s] {msg}", flush=True)
+
+    run_worker(os.path.abspath(args.out), torch.device(args.device), args.deadline_epoch, log)
+    log("worker done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

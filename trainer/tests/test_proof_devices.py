@@ -1,0 +1,62 @@
+"""The proof driver with a second device: regeneration split over two processes, evaluation in a worker
+process alongside training, and the inline fallback that finishes what a worker left undone (all on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from trainer_testlib import load_benchmark
+
+
+@pytest.mark.timeout(240)
+def test_split_regeneration_and_eval_worker(tmp_path, capfd):
+    driver = load_benchmark("proof_smollm2")
+    out = tmp_path / "proof"
+    assert driver.main(["--tiny", "--out", str(out), "--minutes", "0.05,0.1", "--device", "cpu",
+                        "--regen-devices", "cpu,cpu", "--eval-device", "cpu"]) == 0
+    result = json.load(open(out / "proof.json"))
+    data = result["data"]
+    assert data["devices"] == ["cpu", "cpu"] and data["complete"]
+    # both halves of the prompts were answered, each by its own preparation
+    halves = [json.load(open(out / "data" / f"part-{i}" / "stats.json")) for i in (0, 1)]
+    assert data["num_rows_written"] == sum(h["num_rows_written"] for h in halves) > 0
+    assert abs(halves[0]["num_input_rows"] - halves[1]["num_input_rows"]) <= 1
+    linked = sorted(os.listdir(out / "data" / "all"))
+    assert len(linked) == data["num_shards"] and all(os.path.exists(out / "data" / "all" / n) for n in linked)
+    # the worker (a separate process, its own log prefix) evaluated the baseline and both snapshots
+    assert "worker done" in capfd.readouterr().out
+    assert result["baseline"]["lossless"]
+    for snap in result["snapshots"]:
+        assert snap["eval"]["lossless"] and snap["eval_device"] == "cpu"
+        assert os.path.isfile(out / "eval" / f"snapshot-{snap['step']}.json")
+
+    # A worker that died half-way: the inline pass evaluates only what has no result yet.
+    proof_eval = load_benchmark("proof_eval")
+    first = result["snapshots"][0]
+    os.remove(out / "eval" / f"snapshot-{first['step']}.json")
+    baseline_mtime = os.path.getmtime(out / "eval" / "baseline.json")
+    kept_mtime = os.path.getmtime(out / "eval" / f"snapshot-{result['snapshots'][1]['step']}.json")
+    lines = []
+    proof_eval.run_inline(str(out), driver.torch.device("cpu"), None, lines.append)
+    redone = json.load(open(out / "eval" / f"snapshot-{first['step']}.json"))
+    assert redone["eval"]["lossless"] and redone["eval"]["tau"] == first["eval"]["tau"]
+    assert os.path.getmtime(out / "eval" / "baseline.json") == baseline_mtime
+    assert os.path.getmtime(out / "eval" / f"snapshot-{result['snapshots'][1]['step']}.json") == kept_mtime
+    assert len(lines) == 1 and f"({first['step']} steps)" in lines[0]
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--eval-device", "cuda:3", "CUDA devices"),
+    ("--regen-devices", "cpu,gpu0", "not a device name"),
+])
+def test_bad_device_is_refused_before_anything_runs(tmp_path, capsys, flag, value, message):
+    driver = load_benchmark("proof_smollm2")
+    with pytest.raises(SystemExit) as exc:
+        driver.main(["--tiny", "--out", str(tmp_path / "proof"), "--device", "cpu", flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"device {value.split(',')[-1]!r}" in err and message in err
+    assert not os.path.exists(tmp_path / "proof")
