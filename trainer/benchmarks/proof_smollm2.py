@@ -42,7 +42,7 @@ import torch
 from dflash_trainer.checkpoint import save_checkpoint
 from dflash_trainer.config import default_target_layer_ids, find_mask_token_id
 from dflash_trainer.data import BatchLoader, TokenizedDataset
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.drafter import DrafterConfig
 from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.prepare_data import prepare
 from dflash_trainer.step import derived_seed, drafter_micro_batch
@@ -149,6 +149,7 @@ def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, de
     from transformers import AutoConfig
 
     from dflash_trainer.target import FrozenTarget
+    from dflash_trainer.train import training_drafter
     torch.manual_seed(args.seed)
     tconf = AutoConfig.from_pretrained(target_dir)
     layer_ids = default_target_layer_ids(getattr(tconf, "text_config", tconf).num_hidden_layers, args.taps)
@@ -156,11 +157,7 @@ def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, de
     dataset = TokenizedDataset(data_dir, args.max_seq_len)
     loader = BatchLoader(dataset, args.seed, args.token_budget, args.max_batch_size)
     target = FrozenTarget(target_dir, device, layer_ids, need_last_hidden=args.soft_labels)
-    drafter = DFlashDrafter(cfg).to(device)
-    drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
-    if device.type == "cuda":
-        drafter.embed_tokens.to(torch.bfloat16)
-        drafter.lm_head.to(torch.bfloat16)
+    drafter = training_drafter(cfg, target, device)  # as dflash-train builds it (compiled layers on CUDA)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     n_mask = sum(int((dataset.row(i)[0] == mask_id).sum()) for i in range(len(dataset))) \

@@ -85,6 +85,17 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device) -> DFlashDrafter:
+    """A fresh drafter sharing the target's embedding and lm_head (frozen), ready to train on `device`."""
+    drafter = DFlashDrafter(drafter_cfg).to(device)
+    drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
+    if device.type == "cuda":  # frozen tables stay bf16 like the target; trainable weights fp32 master
+        drafter.embed_tokens.to(torch.bfloat16)
+        drafter.lm_head.to(torch.bfloat16)
+        drafter.compile_layers()  # 1.50 -> 1.31 s/step at the 27B shape on one H200 (benchmarks/)
+    return drafter
+
+
 def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
     from transformers import AutoConfig
 
@@ -107,12 +118,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
     # --- weights load from here on ---
     from dflash_trainer.target import FrozenTarget
     target = FrozenTarget(cfg.target_model, target_device, layer_ids, need_last_hidden=cfg.use_soft_labels)
-    drafter = DFlashDrafter(drafter_cfg).to(drafter_device)
-    drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
-    if drafter_device.type == "cuda":  # frozen tables stay bf16 like the target; trainable weights fp32 master
-        drafter.embed_tokens.to(torch.bfloat16)
-        drafter.lm_head.to(torch.bfloat16)
-        drafter.compile_layers()  # 1.50 -> 1.31 s/step at the 27B shape on one H200 (benchmarks/)
+    drafter = training_drafter(drafter_cfg, target, drafter_device)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
