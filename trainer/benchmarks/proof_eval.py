@@ -129,11 +129,15 @@ class Evaluator:
 
 
 def run_inline(out: str, device: torch.device, deadline_t: float | None, log) -> None:
-    """After training: whatever has no result yet, the longest-trained snapshot first (always evaluated),
-    then the baseline, then the shorter ones while time.time() < deadline_t."""
+    """After training: whatever has no result yet, on the baseline's device if there is one (else on
+    `device`): the baseline, the longest-trained snapshot (always evaluated), then the shorter ones while
+    time.time() < deadline_t."""
     pending = [s for s in reversed(listed_snapshots(out)) if snapshot_result(out, s["step"]) is None]
-    if not pending and baseline_result(out):
+    base = baseline_result(out)
+    if not pending and base:
         return
+    if base:  # the references were decoded there: the exact-match check needs the same device's numerics
+        device = torch.device(base["device"])
     ev = Evaluator(out, device, log)
     ev.baseline()
     for i, snap in enumerate(pending):

@@ -7,8 +7,9 @@ Real target (one GPU; the SmolLM2 dir comes from `dflash-smollm2-prepare`):
 CPU smoke test of the whole path (tiny random Qwen3 target, tiny tokenizer, synthetic chats):
     python trainer/benchmarks/proof_smollm2.py --tiny --out /tmp/proof-tiny
 
-Two GPUs: --regen-devices cuda:0,cuda:1 splits the regeneration between them, and --eval-device cuda:1
-evaluates the baseline and each snapshot on the second GPU while the drafter trains on the first.
+Several devices: --regen-devices cuda:0,cuda:1 splits the regeneration between them; --train-devices
+cuda:0,cuda:1 trains data-parallel (proof_train.py); --eval-device evaluates the baseline and each snapshot
+on its own device while the drafter trains (cuda:1 when training uses only cuda:0; or cpu).
 
 Steps (each writes into --out; proof.json and proof.md are rewritten after every snapshot and evaluation):
   a) the prompts are split: the last --num-eval rows after a seeded shuffle are held out for evaluation;
@@ -16,7 +17,8 @@ Steps (each writes into --out; proof.json and proof.md are rewritten after every
      by --regen-budget-s) into parquet shards, one preparation per regeneration device;
   c) one training run with the trainer's own step (dflash_trainer.step.drafter_micro_batch: anchors,
      block mask, chunked loss) whose learning rate and noise follow the wall clock (warmup then cosine
-     over the largest budget); a checkpoint is saved when each budget in --minutes is reached;
+     over the largest budget); a checkpoint is saved when each budget in --minutes is reached
+     (proof_train.py);
   d) each checkpoint is exported (dflash-export format) and reloaded from the export;
   e) dflash-eval's evaluation on the held-out prompts (proof_eval.py, inline or alongside training): the
      target's greedy decode (reference), prompt lookup, and each snapshot's drafter; τ, histogram,
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import shutil
@@ -39,16 +40,13 @@ from multiprocessing import get_context
 
 import torch
 
-from dflash_trainer.checkpoint import save_checkpoint
-from dflash_trainer.config import default_target_layer_ids, find_mask_token_id
-from dflash_trainer.data import BatchLoader, TokenizedDataset
-from dflash_trainer.drafter import DrafterConfig
-from dflash_trainer.loss import acceptance_proxy
+from dflash_trainer.config import find_mask_token_id
 from dflash_trainer.prepare_data import prepare
-from dflash_trainer.step import derived_seed, drafter_micro_batch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder is not a package
 import proof_eval  # noqa: E402
+import proof_report  # noqa: E402
+import proof_train  # noqa: E402
 
 T0 = time.time()
 
@@ -136,132 +134,6 @@ def mask_token_for(target: str, flag: int | None) -> tuple[int, str]:
     return found, "<|MASK|> (added_tokens.json)"
 
 
-def lr_factor(frac: float, warmup: float) -> float:
-    if frac < warmup:
-        return max(frac / warmup, 1e-3)
-    return 0.5 * (1 + math.cos(math.pi * min((frac - warmup) / (1 - warmup), 1.0)))
-
-
-def train_timed(args, target_dir: str, data_dir: str, mask_id: int, out: str, device: torch.device,
-                on_snapshot) -> list[dict]:
-    """One run; learning rate and noise follow elapsed/total time; a checkpoint at each budget, announced
-    in train/snapshots.jsonl (for the evaluation worker) and passed to on_snapshot."""
-    from transformers import AutoConfig
-
-    from dflash_trainer.target import FrozenTarget
-    from dflash_trainer.train import training_drafter
-    torch.manual_seed(args.seed)
-    tconf = AutoConfig.from_pretrained(target_dir)
-    layer_ids = default_target_layer_ids(getattr(tconf, "text_config", tconf).num_hidden_layers, args.taps)
-    cfg = DrafterConfig.from_target(tconf, args.layers, layer_ids, args.block_size, mask_id)
-    dataset = TokenizedDataset(data_dir, args.max_seq_len)
-    loader = BatchLoader(dataset, args.seed, args.token_budget, args.max_batch_size)
-    target = FrozenTarget(target_dir, device, layer_ids, need_last_hidden=args.soft_labels)
-    drafter = training_drafter(cfg, target, device)  # as dflash-train builds it (compiled layers on CUDA)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
-    n_mask = sum(int((dataset.row(i)[0] == mask_id).sum()) for i in range(len(dataset))) \
-        if hasattr(dataset, "row") else sum(int((ids == mask_id).sum()) for ids in dataset.input_ids)
-    log(f"train: {len(dataset)} sequences, {int(dataset.lengths.sum())} tokens "
-        f"({dataset.num_supervised_tokens} supervised), mask token {mask_id} occurs {n_mask} times in the data; "
-        f"drafter {args.layers} layers, block {args.block_size}, taps {layer_ids}, "
-        f"{'soft (KL to the target)' if args.soft_labels else 'hard'} labels, lr {args.lr}, "
-        f"{sum(p.numel() for p in params) / 1e6:.2f} M params; budgets {args.minutes} min on {device}")
-    budgets = sorted(args.minutes)
-    total_s = budgets[-1] * 60
-    snapshots, step, window = [], 0, []
-    drafter.train()
-    t_warm = time.time()
-    for i in range(args.warmup_batches):  # compile flex attention outside the timed budget; no update
-        batch = loader.next_batch()
-        taps, last = target(batch.input_ids)
-        drafter_micro_batch(drafter, taps, last, batch.input_ids, batch.loss_mask, batch.lengths,
-                            max_anchors=args.max_anchors, gamma=args.gamma, noise_amplitude=0.0,
-                            seed=derived_seed(args.seed, -1 - i), head_chunk_size=4096).loss.backward()
-        opt.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    if args.warmup_batches:
-        log(f"warm-up (compile) {args.warmup_batches} batches, not trained on: {time.time() - t_warm:.1f} s")
-    t_start = time.time()
-    while budgets:
-        elapsed = time.time() - t_start
-        frac = elapsed / total_s
-        for g in opt.param_groups:
-            g["lr"] = args.lr * lr_factor(frac, args.warmup)
-        amp = args.noise_start + (args.noise_end - args.noise_start) * min(frac, 1.0)
-        batch = loader.next_batch()
-        taps, last = target(batch.input_ids)
-        out_ = drafter_micro_batch(drafter, taps, last, batch.input_ids, batch.loss_mask, batch.lengths,
-                                   max_anchors=args.max_anchors, gamma=args.gamma, noise_amplitude=amp,
-                                   seed=derived_seed(args.seed, step), head_chunk_size=4096)
-        out_.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        window.append((out_.loss.detach(), out_.slot_correct.detach(), out_.slot_count.detach()))
-        if step % args.log_every == 0 or time.time() - t_start >= budgets[0] * 60:
-            loss = float(torch.stack([w[0] for w in window]).mean())  # one sync per log line
-            acc = (sum(w[1] for w in window) / sum(w[2] for w in window).clamp(min=1)).tolist()
-            window = []
-            log(f"step {step} epoch {loader.epoch} {time.time() - t_start:6.1f} s loss {loss:.4f} acc1 {acc[1]:.3f} "
-                f"tau_proxy {acceptance_proxy(acc):.2f} lr {opt.param_groups[0]['lr']:.2e}")
-            if time.time() - t_start >= budgets[0] * 60:
-                minutes = budgets.pop(0)
-                path = save_checkpoint(os.path.join(out, "train"), step, drafter.trainable_state_dict(),
-                                       cfg.to_dict(), {"step": step, "minutes": minutes}, keep=100)
-                snapshots.append({"minutes": minutes, "step": step, "wall_s": round(time.time() - t_start, 1),
-                                  "epoch": loader.epoch, "loss": loss, "slot_acc": [round(a, 4) for a in acc],
-                                  "tau_proxy": acceptance_proxy(acc), "checkpoint": path})
-                log(f"snapshot at {minutes} min: step {step}, {path}")
-                proof_eval.record_snapshot(out, snapshots[-1])
-                on_snapshot(snapshots)
-    del target
-    return snapshots
-
-
-def write_results(out: str, results: dict) -> None:
-    report_dir = results["args"].get("report_dir")
-    for d in [out] + ([report_dir] if report_dir else []):
-        _write_results(d, results)
-
-
-def _write_results(out: str, results: dict) -> None:
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "proof.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    base = results.get("baseline") or {}
-    lines = [f"# DFlash proof: {results['target']}", "",
-             f"block {results['block_size']}, {results['layers']} draft layers, mask token {results['mask_token']}, "
-             f"{results['num_eval_prompts']} held-out prompts, <= {results['eval_max_new_tokens']} new tokens, "
-             f"greedy, target {results['eval_dtype']} on {results['device']}", "",
-             "| drafter | training min | steps | τ | τ / prompt-lookup | tokens/target fwd | lossless | train τ proxy |",
-             "|---|---|---|---|---|---|---|---|"]
-    if base:
-        lines.append(f"| prompt lookup (n<=3) | - | - | {base['tau']:.2f} | 1.00 | "
-                     f"{base['tokens_per_target_forward']:.2f} | {'yes' if base['lossless'] else 'NO'} | - |")
-    for s in results["snapshots"]:
-        m = s.get("eval")
-        if not m:
-            continue
-        ratio = m["tau"] / base["tau"] if base else float("nan")
-        lines.append(f"| DFlash | {s['minutes']} | {s['step']} | {m['tau']:.2f} | {ratio:.2f} | "
-                     f"{m['tokens_per_target_forward']:.2f} | {'yes' if m['lossless'] else 'NO'} | "
-                     f"{s['tau_proxy']:.2f} |")
-    for s in results["snapshots"]:
-        if s.get("eval"):
-            hist = ", ".join(f"{k}: {v}" for k, v in s["eval"]["accept_length_histogram"].items() if v)
-            lines += ["", f"accept-length histogram after {s['minutes']} min: {hist}",
-                      f"per-slot acceptance: {' '.join(f'{x:.2f}' for x in s['eval']['slot_accept_rate'])}"]
-    if base:
-        hist = ", ".join(f"{k}: {v}" for k, v in base["accept_length_histogram"].items() if v)
-        lines += ["", f"prompt-lookup histogram: {hist}"]
-    lines += ["", f"data: {json.dumps(results.get('data', {}))}", f"stages: {json.dumps(results['stage_s'])}"]
-    with open(os.path.join(out, "proof.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-
-
 def device_problem(name: str) -> str | None:
     try:
         d = torch.device(name)
@@ -287,6 +159,9 @@ def parse_args(argv):
     p.add_argument("--regen-rows-per-shard", type=int, default=512)
     p.add_argument("--regen-devices", default=None,
                    help="comma-separated, e.g. cuda:0,cuda:1: one regeneration process each (default: --device)")
+    p.add_argument("--train-devices", default=None,
+                   help="comma-separated, e.g. cuda:0,cuda:1: data-parallel training, one process each "
+                        "(default: --device)")
     p.add_argument("--eval-device", default=None,
                    help="evaluate on this device (e.g. cuda:1) while training; default: after training, on --device")
     p.add_argument("--temperature", type=float, default=0.7, help="regeneration; 0 = greedy, like the evaluation")
@@ -325,9 +200,13 @@ def parse_args(argv):
     elif not (args.target and args.prompts):
         p.error("--target and --prompts are required without --tiny")
     args.minutes = [float(x) for x in (args.minutes or "1,2,4").split(",")]
-    args.regen_devices = [d.strip() for d in args.regen_devices.split(",") if d.strip()] \
-        if args.regen_devices else None
-    for d in (args.regen_devices or []) + [args.eval_device] * bool(args.eval_device):
+    args.regen_devices, args.train_devices = (
+        [d.strip() for d in flag.split(",") if d.strip()] if flag else None
+        for flag in (args.regen_devices, args.train_devices))
+    if args.train_devices and len(set(args.train_devices)) != len(args.train_devices) \
+            and any(d.startswith("cuda") for d in args.train_devices):
+        p.error(f"--train-devices {','.join(args.train_devices)}: a GPU named twice; name each GPU once")
+    for d in (args.regen_devices or []) + (args.train_devices or []) + [args.eval_device] * bool(args.eval_device):
         problem = device_problem(d)
         if problem:
             p.error(f"device {d!r}: {problem}")
@@ -366,6 +245,7 @@ def main(argv=None) -> int:
     train_prompts, eval_prompts, n_train = split_prompts(args.prompts, out, args.num_eval, args.seed)
     mask_id, mask_src = mask_token_for(args.target, args.mask_token_id)
     log(f"{n_train} training prompts, {args.num_eval} held out; mask token {mask_id} from {mask_src}")
+    train_devices = args.train_devices or [str(device)]
     data_dir, stats = regenerate(args, train_prompts, out, args.regen_devices or [str(device)])
     stage["regenerate_s"] = round(time.time() - t, 1)
     log(f"data: {json.dumps(stats)}")
@@ -380,20 +260,18 @@ def main(argv=None) -> int:
     results = {"target": args.target, "block_size": args.block_size, "layers": args.layers,
                "mask_token": f"{mask_id} ({mask_src})", "num_eval_prompts": args.num_eval,
                "eval_max_new_tokens": args.eval_max_new_tokens, "eval_dtype": "float32", "device": str(device),
-               "eval_device": args.eval_device or str(device), "data": stats, "snapshots": [], "stage_s": stage,
+               "train_devices": train_devices, "eval_device": args.eval_device or str(device), "data": stats, "snapshots": [], "stage_s": stage,
                "args": vars(args)}
     worker = start_eval_worker(out, args.eval_device, args.deadline_s) if args.eval_device else None
 
-    def on_snapshot(snapshots: list[dict]) -> None:  # the record so far, with whatever the worker finished
-        results["snapshots"] = snapshots
-        proof_eval.merge(out, results)
-        write_results(out, results)
-
     t = time.time()
-    results["snapshots"] = train_timed(args, args.target, data_dir, mask_id, out, device, on_snapshot)
+    results["snapshots"] = proof_train.run_training(args, data_dir, mask_id, out, train_devices, results, T0)
     stage["train_s"] = round(time.time() - t, 1)
+    replicas = os.path.join(out, "train", "replicas.json")
+    if os.path.isfile(replicas):
+        results["replicas"] = json.load(open(replicas))
     proof_eval.mark_training_done(out)
-    write_results(out, results)  # the training record survives even if evaluation runs out of time
+    proof_report.write_results(out, results)  # the training record survives even if evaluation runs out of time
     t = time.time()
     if worker is not None:
         finish_eval_worker(worker, args.deadline_s)
@@ -403,7 +281,7 @@ def main(argv=None) -> int:
     for snap in results["snapshots"]:
         snap.setdefault("eval", None)
     stage["total_s"] = round(time.time() - T0, 1)
-    write_results(out, results)
+    proof_report.write_results(out, results)
     log(f"results: {os.path.join(out, 'proof.md')}")
     print(open(os.path.join(out, "proof.md")).read())
     return 0

@@ -1,5 +1,6 @@
-"""The proof driver with a second device: regeneration split over two processes, evaluation in a worker
-process alongside training, and the inline fallback that finishes what a worker left undone (all on CPU)."""
+"""The proof driver on several devices (two CPU "devices" here): regeneration split over two processes,
+data-parallel training in two processes (gloo), evaluation in a worker process alongside training, and the
+inline fallback that finishes what a worker left undone."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import pytest
 from trainer_testlib import load_benchmark
 
 
-@pytest.mark.timeout(240)
-def test_split_regeneration_and_eval_worker(tmp_path, capfd):
+@pytest.mark.timeout(300)
+def test_split_regeneration_parallel_training_and_eval_worker(tmp_path, capfd):
     driver = load_benchmark("proof_smollm2")
     out = tmp_path / "proof"
     assert driver.main(["--tiny", "--out", str(out), "--minutes", "0.05,0.1", "--device", "cpu",
-                        "--regen-devices", "cpu,cpu", "--eval-device", "cpu"]) == 0
+                        "--regen-devices", "cpu,cpu", "--train-devices", "cpu,cpu", "--eval-device", "cpu"]) == 0
     result = json.load(open(out / "proof.json"))
     data = result["data"]
     assert data["devices"] == ["cpu", "cpu"] and data["complete"]
@@ -26,6 +27,17 @@ def test_split_regeneration_and_eval_worker(tmp_path, capfd):
     assert abs(halves[0]["num_input_rows"] - halves[1]["num_input_rows"]) <= 1
     linked = sorted(os.listdir(out / "data" / "all"))
     assert len(linked) == data["num_shards"] and all(os.path.exists(out / "data" / "all" / n) for n in linked)
+    # Two ranks, one all-reduce per step: the replicas are still bit-identical at the end (they would
+    # diverge without it: each rank trains on other batches), and each step consumed one batch per rank.
+    last = result["snapshots"][-1]
+    assert result["replicas"] == {"world_size": 2, "steps": last["step"], "identical": True}
+    from dflash_trainer.data import BatchLoader, TokenizedDataset
+    args = result["args"]
+    loader = BatchLoader(TokenizedDataset(str(out / "data" / "all"), args["max_seq_len"]), args["seed"],
+                         args["token_budget"], args["max_batch_size"])
+    batches = [loader.next_batch() for _ in range(2 * (args["warmup_batches"] + last["step"]))]
+    assert last["sequences"] == sum(len(b.lengths) for b in batches[2 * args["warmup_batches"]:])
+    assert last["train_devices"] == ["cpu", "cpu"]
     # the worker (a separate process, its own log prefix) evaluated the baseline and both snapshots
     assert "worker done" in capfd.readouterr().out
     assert result["baseline"]["lossless"]
