@@ -170,7 +170,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="the proof's --out (holds eval/settings.json)")
     p.add_argument("--device", required=True, help="e.g. cuda:1")
     p.add_argument("--deadline-epoch", type=float, default=None, help="stop after this time.time()")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (an evaluation on the CPU)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t0 = time.time()
 
     def log(msg: str) -> None:

@@ -69,7 +69,9 @@ def setup_tiny(out: str, num_chats: int) -> tuple[str, str]:
     return target, prompts
 
 
-def split_prompts(path: str, out: str, num_eval: int, seed: int) -> tuple[str, str, int]:
+def split_prompts(path: str, out: str, num_eval: int, seed: int, shared: bool) -> tuple[str, str, int]:
+    """The held-out split; with `shared` (another proof's --data-root) the files there must already hold
+    exactly this split, and nothing is written."""
     with open(path) as f:
         rows = [line for line in f if line.strip()]
     random.Random(seed).shuffle(rows)
@@ -78,18 +80,33 @@ def split_prompts(path: str, out: str, num_eval: int, seed: int) -> tuple[str, s
     train, held = rows[:-num_eval], rows[-num_eval:]
     paths = (os.path.join(out, "train_prompts.jsonl"), os.path.join(out, "eval_prompts.jsonl"))
     for p, part in zip(paths, (train, held)):
-        with open(p, "w") as f:
-            f.writelines(part)
+        write_split(p, part, shared)
     return paths[0], paths[1], len(train)
 
 
-def regenerate(args, train_prompts: str, out: str, devices: list[str]) -> tuple[str, dict]:
+def write_split(path: str, lines: list[str], shared: bool) -> None:
+    """Writes a prompt split file, unless it already holds exactly this; in another proof's --data-root
+    (`shared`) it must, and nothing there is ever rewritten."""
+    text = "".join(lines)
+    if os.path.isfile(path):
+        with open(path) as f:
+            if f.read() == text:
+                return
+    if shared:
+        raise ValueError(f"--data-root {os.path.dirname(path)} holds another prompt split (or none): use the same "
+                         "--prompts, --num-eval, --seed and --regen-devices count as the proof that made it, "
+                         "or leave --data-root out")
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def regenerate(args, train_prompts: str, out: str, devices: list[str], shared: bool) -> tuple[str, dict]:
     """The training data dir and its stats: one preparation per device (in parallel processes), each on a
     round-robin share of the prompts, gathered into one folder of links for TokenizedDataset."""
     kw = dict(max_seq_len=args.max_seq_len, rows_per_shard=args.regen_rows_per_shard, regenerate=True,
               temperature=args.temperature, max_new_tokens=args.regen_max_new_tokens,
               batch_size=args.regen_batch_size, engine="transformers", seed=args.seed,
-              time_budget_s=args.regen_budget_s, progress=False)
+              time_budget_s=-1.0 if shared else args.regen_budget_s, progress=False)  # shared: read only
     data_dir = os.path.join(out, "data")
     if len(devices) == 1:
         return data_dir, prepare(args.target, [train_prompts], data_dir, device=devices[0], **kw)
@@ -98,19 +115,19 @@ def regenerate(args, train_prompts: str, out: str, devices: list[str]) -> tuple[
     parts = []
     for i in range(len(devices)):
         parts.append(os.path.join(out, f"train_prompts-{i}.jsonl"))
-        with open(parts[-1], "w") as f:
-            f.writelines(rows[i::len(devices)])
+        write_split(parts[-1], rows[i::len(devices)], shared)
     with ProcessPoolExecutor(len(devices), mp_context=get_context("spawn")) as pool:  # CUDA needs spawn
         futures = [pool.submit(prepare, args.target, [part], os.path.join(data_dir, f"part-{i}"), device=d, **kw)
                    for i, (part, d) in enumerate(zip(parts, devices))]
         part_stats = [f.result() for f in futures]
     joined = os.path.join(data_dir, "all")
-    shutil.rmtree(joined, ignore_errors=True)
-    os.makedirs(joined)
-    for i in range(len(devices)):
-        for name in sorted(os.listdir(os.path.join(data_dir, f"part-{i}"))):
-            if name.endswith(".parquet"):
-                os.symlink(os.path.join("..", f"part-{i}", name), os.path.join(joined, f"part{i}-{name}"))
+    links = {f"part{i}-{name}": os.path.join("..", f"part-{i}", name) for i in range(len(devices))
+             for name in os.listdir(os.path.join(data_dir, f"part-{i}")) if name.endswith(".parquet")}
+    if not os.path.isdir(joined) or {n: os.readlink(os.path.join(joined, n)) for n in os.listdir(joined)} != links:
+        shutil.rmtree(joined, ignore_errors=True)
+        os.makedirs(joined)
+        for name, to in links.items():
+            os.symlink(to, os.path.join(joined, name))
     stats = {k: sum(st[k] for st in part_stats) for k in part_stats[0] if isinstance(part_stats[0][k], int)
              and not isinstance(part_stats[0][k], bool)}
     stats["bad"] = {}
@@ -157,6 +174,10 @@ def parse_args(argv):
     p.add_argument("--regen-batch-size", type=int, default=512)
     p.add_argument("--regen-budget-s", type=float, default=120.0, help="stop starting new shards after this")
     p.add_argument("--regen-rows-per-shard", type=int, default=512)
+    p.add_argument("--data-root", default=None,
+                   help="where the prompt split and the regenerated data live (default --out); a second proof "
+                        "given the first one's --out reuses its data (prepare-data's fingerprint checks that "
+                        "prompts, split and settings are the same) and regenerates nothing")
     p.add_argument("--regen-devices", default=None,
                    help="comma-separated, e.g. cuda:0,cuda:1: one regeneration process each (default: --device)")
     p.add_argument("--train-devices", default=None,
@@ -164,6 +185,7 @@ def parse_args(argv):
                         "(default: --device)")
     p.add_argument("--eval-device", default=None,
                    help="evaluate on this device (e.g. cuda:1) while training; default: after training, on --device")
+    p.add_argument("--eval-threads", type=int, default=None, help="torch threads of a CPU evaluation worker")
     p.add_argument("--temperature", type=float, default=0.7, help="regeneration; 0 = greedy, like the evaluation")
     p.add_argument("--soft-labels", action="store_true", help="KL to the target's distribution instead of CE")
     p.add_argument("--block-size", type=int, default=16)
@@ -213,8 +235,10 @@ def parse_args(argv):
     return args
 
 
-def start_eval_worker(out: str, device: str, deadline_s: float | None) -> subprocess.Popen:
+def start_eval_worker(out: str, device: str, deadline_s: float | None, threads: int | None) -> subprocess.Popen:
     cmd = [sys.executable, proof_eval.__file__, "--out", out, "--device", device]
+    if threads:
+        cmd += ["--threads", str(threads)]
     if deadline_s is not None:
         cmd += ["--deadline-epoch", str(T0 + deadline_s)]
     log(f"evaluation worker on {device}: {' '.join(cmd)}")
@@ -235,6 +259,14 @@ def finish_eval_worker(worker: subprocess.Popen, deadline_s: float | None) -> No
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as e:  # bad input found before the step that needs it changed anything
+        print(f"proof_smollm2.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -242,11 +274,14 @@ def main(argv=None) -> int:
         args.target, args.prompts = setup_tiny(out, 160)
     stage = {}
     t = time.time()
-    train_prompts, eval_prompts, n_train = split_prompts(args.prompts, out, args.num_eval, args.seed)
+    data_root = os.path.abspath(args.data_root or out)
+    os.makedirs(data_root, exist_ok=True)
+    shared = data_root != out
+    train_prompts, eval_prompts, n_train = split_prompts(args.prompts, data_root, args.num_eval, args.seed, shared)
     mask_id, mask_src = mask_token_for(args.target, args.mask_token_id)
     log(f"{n_train} training prompts, {args.num_eval} held out; mask token {mask_id} from {mask_src}")
     train_devices = args.train_devices or [str(device)]
-    data_dir, stats = regenerate(args, train_prompts, out, args.regen_devices or [str(device)])
+    data_dir, stats = regenerate(args, train_prompts, data_root, args.regen_devices or [str(device)], shared)
     stage["regenerate_s"] = round(time.time() - t, 1)
     log(f"data: {json.dumps(stats)}")
     if device.type == "cuda":
@@ -262,7 +297,7 @@ def main(argv=None) -> int:
                "eval_max_new_tokens": args.eval_max_new_tokens, "eval_dtype": "float32", "device": str(device),
                "train_devices": train_devices, "eval_device": args.eval_device or str(device), "data": stats, "snapshots": [], "stage_s": stage,
                "args": vars(args)}
-    worker = start_eval_worker(out, args.eval_device, args.deadline_s) if args.eval_device else None
+    worker = start_eval_worker(out, args.eval_device, args.deadline_s, args.eval_threads) if args.eval_device else None
 
     t = time.time()
     results["snapshots"] = proof_train.run_training(args, data_dir, mask_id, out, train_devices, results, T0)

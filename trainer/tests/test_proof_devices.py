@@ -72,3 +72,30 @@ def test_bad_device_is_refused_before_anything_runs(tmp_path, capsys, flag, valu
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"device {value.split(',')[-1]!r}" in err and message in err
     assert not os.path.exists(tmp_path / "proof")
+
+
+@pytest.mark.timeout(240)
+def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(tmp_path, capsys):
+    driver = load_benchmark("proof_smollm2")
+    first = tmp_path / "first"
+    assert driver.main(["--tiny", "--out", str(first), "--minutes", "0.05", "--device", "cpu",
+                        "--regen-devices", "cpu,cpu"]) == 0
+    shards = {p: os.path.getmtime(p) for p in (first / "data").rglob("*") if p.is_file()}
+    split = {p: open(p).read() for p in first.glob("*prompts*.jsonl")}
+    common = ["--tiny", "--target", str(first / "tiny_target"), "--prompts", str(first / "tiny_prompts.jsonl"),
+              "--data-root", str(first), "--device", "cpu", "--regen-devices", "cpu,cpu", "--minutes", "0.05"]
+    second = tmp_path / "second"
+    assert driver.main(common + ["--out", str(second), "--warmup", "0.1"]) == 0
+    a, b = (json.load(open(d / "proof.json")) for d in (first, second))
+    assert b["data"]["num_rows_written"] == a["data"]["num_rows_written"] and b["data"]["complete"]
+    assert b["stage_s"]["regenerate_s"] < a["stage_s"]["regenerate_s"]
+    assert b["snapshots"][0]["eval"]["lossless"] and b["args"]["warmup"] == 0.1
+    # the first proof's data is untouched: no shard, progress or stats file was rewritten
+    assert {p: os.path.getmtime(p) for p in (first / "data").rglob("*") if p.is_file()} == shards
+    capsys.readouterr()
+    # another held-out split cannot use that data: refused before anything in --data-root changes
+    assert driver.main(common + ["--out", str(tmp_path / "third"), "--num-eval", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("proof_smollm2.py: error: --data-root") and "another prompt split" in err
+    assert len(err.splitlines()) == 1
+    assert {p: open(p).read() for p in first.glob("*prompts*.jsonl")} == split

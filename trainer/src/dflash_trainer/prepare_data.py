@@ -324,7 +324,12 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
                                    "num_supervised_tokens", "num_truncated_generations")}
     stats.update({"num_input_rows": total, "num_bad_rows": sum(bad.values()), "bad": dict(bad),
                   "complete": state["next_row"] >= total})
-    _write_json(os.path.join(out_dir, "stats.json"), stats)
+    stats_path = os.path.join(out_dir, "stats.json")
+    if os.path.isfile(stats_path):
+        with open(stats_path) as f:
+            unchanged = json.load(f) == stats
+    if not os.path.isfile(stats_path) or not unchanged:  # a finished preparation, resumed, stays untouched
+        _write_json(stats_path, stats)
     return stats
 
 
