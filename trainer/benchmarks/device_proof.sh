@@ -12,7 +12,9 @@
 #               (optional) cp <files_at of an earlier watch>/data*.tar .artifacts/dev-a/  (skips regeneration)
 # Call 1 (carry .artifacts/dev-a):  bash trainer/benchmarks/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
 # Call 2 (carry .artifacts/dev-b):  bash trainer/benchmarks/device_proof.sh launch PROOF_FLAGS...
-#                                   (starts proof_smollm2.py detached, then follows it for $WATCH_S s)
+#                                   (starts proof_smollm2.py detached, then follows it for $WATCH_S s;
+#                                   PROOF_B="FLAGS" also starts a second proof on the same data once
+#                                   it is ready, reported as proof-b.*)
 # Calls 3.. (within 30 s of the last): bash trainer/benchmarks/device_proof.sh watch [SECONDS]
 set -uo pipefail
 S=${DFLASH_STASH:-/var/tmp/dflash}   # kept between calls while the machine is warm (override: tests of this script)
@@ -29,9 +31,15 @@ install_gguf() {
 watch_proof() {
     local until=$((SECONDS + $1))
     while [ $SECONDS -lt $until ] && pgrep -f proof_smollm2.py > /dev/null; do sleep 5; done
-    grep -v -E "Loading weights|Writing model|forward_call|FutureWarning|warnings.warn" "$S/proof.log" > "$OUT/proof.log"
+    local noise="Loading weights|Writing model|forward_call|FutureWarning|warnings.warn"
+    grep -v -E "$noise" "$S/proof.log" > "$OUT/proof.log"
     tail -n 60 "$OUT/proof.log"
     cp "$S"/report/proof.* "$OUT/" 2>/dev/null
+    if [ -f "$S/proof-b.log" ]; then  # the second proof (PROOF_B at launch)
+        grep -v -E "$noise" "$S/proof-b.log" > "$OUT/proof-b.log"
+        echo "--- proof B:"; tail -n 40 "$OUT/proof-b.log"
+        for f in "$S"/report-b/proof.*; do [ -f "$f" ] && cp "$f" "$OUT/proof-b.${f##*.}"; done
+    fi
     # The regenerated data comes back once, for the next session's dev-a: one tar for one regeneration
     # device, else one per device's part ($OUT takes at most 8 files of at most 16 MiB each).
     if [ ! -f "$S/data.tar.sent" ]; then
@@ -76,12 +84,23 @@ launch)
         [ -f "$t" ] && mkdir -p "$S/proof" && tar -C "$S/proof" -xf "$t" && echo "regenerated data carried in: $t"
     done
     python3 -m dflash_trainer.smollm2 --gguf "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$S/smollm2" \
-        2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model" | tee "$OUT/convert.log"
+        2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6
     shift
-    setsid nohup python3 trainer/benchmarks/proof_smollm2.py --target "$S/smollm2" --prompts "$S/prompts.jsonl" \
-        --out "$S/proof" --report-dir "$S/report" "$@" > "$S/proof.log" 2>&1 < /dev/null &
+    proof=(python3 trainer/benchmarks/proof_smollm2.py --target "$S/smollm2" --prompts "$S/prompts.jsonl")
+    setsid nohup "${proof[@]}" --out "$S/proof" --report-dir "$S/report" "$@" > "$S/proof.log" 2>&1 < /dev/null &
     echo "proof started (pid $!): $*"
+    if [ -n "${PROOF_B:-}" ]; then
+        # A second proof on the first one's data (--data-root), started once that data is complete: e.g.
+        # another configuration on the second GPU. PROOF_B holds its flags; --num-eval, --seed and
+        # --regen-devices must match the first proof's (the split is checked).
+        read -ra b_flags <<< "$PROOF_B"
+        setsid nohup bash -c 'until grep -q "\] data: " "$1/proof.log"; do
+                                  pgrep -f "out $1/proof " > /dev/null || exit 1; sleep 5; done; shift; exec "$@"' \
+            _ "$S" "${proof[@]}" --out "$S/proof-b" --report-dir "$S/report-b" --data-root "$S/proof" \
+            "${b_flags[@]}" > "$S/proof-b.log" 2>&1 < /dev/null &
+        echo "proof B waits for the data (pid $!): $PROOF_B"
+    fi
     watch_proof "${WATCH_S:-540}"
     ;;
 watch)
