@@ -178,6 +178,8 @@ def parse_args(argv):
                    help="where the prompt split and the regenerated data live (default --out); a second proof "
                         "given the first one's --out reuses its data (prepare-data's fingerprint checks that "
                         "prompts, split and settings are the same) and regenerates nothing")
+    p.add_argument("--init-drafter", default=None,
+                   help="start from these weights (an export dir or checkpoints/step-N of the same drafter shape)")
     p.add_argument("--regen-devices", default=None,
                    help="comma-separated, e.g. cuda:0,cuda:1: one regeneration process each (default: --device)")
     p.add_argument("--train-devices", default=None,
@@ -276,9 +278,11 @@ def run(args) -> int:
     t = time.time()
     data_root = os.path.abspath(args.data_root or out)
     os.makedirs(data_root, exist_ok=True)
+    mask_id, mask_src = mask_token_for(args.target, args.mask_token_id)
+    if args.init_drafter:  # a wrong warm start is refused before anything is written
+        proof_train.initial_weights(args.init_drafter, proof_train.drafter_config(args, mask_id))
     shared = data_root != out
     train_prompts, eval_prompts, n_train = split_prompts(args.prompts, data_root, args.num_eval, args.seed, shared)
-    mask_id, mask_src = mask_token_for(args.target, args.mask_token_id)
     log(f"{n_train} training prompts, {args.num_eval} held out; mask token {mask_id} from {mask_src}")
     train_devices = args.train_devices or [str(device)]
     data_dir, stats = regenerate(args, train_prompts, data_root, args.regen_devices or [str(device)], shared)
@@ -295,16 +299,18 @@ def run(args) -> int:
     results = {"target": args.target, "block_size": args.block_size, "layers": args.layers,
                "mask_token": f"{mask_id} ({mask_src})", "num_eval_prompts": args.num_eval,
                "eval_max_new_tokens": args.eval_max_new_tokens, "eval_dtype": "float32", "device": str(device),
-               "train_devices": train_devices, "eval_device": args.eval_device or str(device), "data": stats, "snapshots": [], "stage_s": stage,
+               "init_drafter": args.init_drafter, "train_devices": train_devices, "eval_device": args.eval_device or str(device), "data": stats, "snapshots": [], "stage_s": stage,
                "args": vars(args)}
     worker = start_eval_worker(out, args.eval_device, args.deadline_s, args.eval_threads) if args.eval_device else None
 
     t = time.time()
     results["snapshots"] = proof_train.run_training(args, data_dir, mask_id, out, train_devices, results, T0)
     stage["train_s"] = round(time.time() - t, 1)
-    replicas = os.path.join(out, "train", "replicas.json")
-    if os.path.isfile(replicas):
-        results["replicas"] = json.load(open(replicas))
+    for key in ("replicas", "curve"):  # written by rank 0, which may have been another process
+        path = os.path.join(out, "train", f"{key}.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                results[key] = json.load(f)
     proof_eval.mark_training_done(out)
     proof_report.write_results(out, results)  # the training record survives even if evaluation runs out of time
     t = time.time()

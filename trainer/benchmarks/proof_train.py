@@ -22,10 +22,13 @@ import torch.distributed as dist
 
 import proof_eval
 import proof_report
-from dflash_trainer.checkpoint import save_checkpoint
+from safetensors.torch import load_file
+
+from dflash_trainer.checkpoint import load_checkpoint, save_checkpoint
 from dflash_trainer.config import default_target_layer_ids
 from dflash_trainer.data import BatchLoader, TokenizedDataset
 from dflash_trainer.drafter import DrafterConfig
+from dflash_trainer.export import drafter_config_from_export
 from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 
@@ -34,6 +37,34 @@ def lr_factor(frac: float, warmup: float) -> float:
     if frac < warmup:
         return max(frac / warmup, 1e-3)
     return 0.5 * (1 + math.cos(math.pi * min((frac - warmup) / (1 - warmup), 1.0)))
+
+
+def drafter_config(args, mask_id: int) -> DrafterConfig:
+    from transformers import AutoConfig
+    tconf = AutoConfig.from_pretrained(args.target)
+    layer_ids = default_target_layer_ids(getattr(tconf, "text_config", tconf).num_hidden_layers, args.taps)
+    return DrafterConfig.from_target(tconf, args.layers, layer_ids, args.block_size, mask_id)
+
+
+def initial_weights(path: str, cfg: DrafterConfig) -> dict[str, torch.Tensor]:
+    """--init-drafter: the trainable weights of an export dir or a checkpoints/step-N dir, for a drafter
+    built exactly like `cfg` (a warm start: e.g. the export of an earlier session's run)."""
+    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
+        with open(os.path.join(path, "config.json")) as f:
+            other = drafter_config_from_export(json.load(f))
+        state = {k: v.float() for k, v in load_file(os.path.join(path, "model.safetensors")).items()}
+    elif os.path.isfile(os.path.join(path, "drafter_config.json")):
+        state, other_dict, _ = load_checkpoint(path)
+        other = DrafterConfig.from_dict(other_dict)
+    else:
+        raise ValueError(f"--init-drafter {path} is neither an export dir (config.json + model.safetensors) nor a "
+                         "checkpoints/step-N dir; pass one of those")
+    mine, theirs = cfg.to_dict(), other.to_dict()
+    diff = [f"{k} {theirs.get(k)} there, {v} here" for k, v in mine.items() if theirs.get(k) != v]
+    if diff:
+        raise ValueError(f"--init-drafter {path} is another drafter ({'; '.join(diff)}); use the same --layers, "
+                         "--block-size, --taps, mask token and target")
+    return state
 
 
 def run_training(args, data_dir: str, mask_id: int, out: str, devices: list[str], results: dict,
@@ -81,8 +112,6 @@ def _replicas_identical(params: list[torch.Tensor], world: int) -> bool:
 
 def train_rank(rank: int, args, data_dir: str, mask_id: int, out: str, devices: list[str], results: dict,
                t0: float) -> list[dict]:
-    from transformers import AutoConfig
-
     from dflash_trainer.target import FrozenTarget
     from dflash_trainer.train import training_drafter
 
@@ -98,13 +127,15 @@ def train_rank(rank: int, args, data_dir: str, mask_id: int, out: str, devices: 
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
                                 init_method="file://" + os.path.join(out, "train", "rendezvous"))
     torch.manual_seed(args.seed)  # the same initial drafter on every rank
-    tconf = AutoConfig.from_pretrained(args.target)
-    layer_ids = default_target_layer_ids(getattr(tconf, "text_config", tconf).num_hidden_layers, args.taps)
-    cfg = DrafterConfig.from_target(tconf, args.layers, layer_ids, args.block_size, mask_id)
+    cfg = drafter_config(args, mask_id)
+    layer_ids = cfg.target_layer_ids
     dataset = TokenizedDataset(data_dir, args.max_seq_len)
     loader = BatchLoader(dataset, args.seed, args.token_budget, args.max_batch_size)
     target = FrozenTarget(args.target, device, layer_ids, need_last_hidden=args.soft_labels)
     drafter = training_drafter(cfg, target, device)  # as dflash-train builds it (compiled layers on CUDA)
+    if args.init_drafter:
+        drafter.load_trainable_state_dict(initial_weights(args.init_drafter, cfg))
+        log(f"warm start from {args.init_drafter}")
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     n_mask = sum(int((dataset.row(i)[0] == mask_id).sum()) for i in range(len(dataset)))
@@ -115,7 +146,8 @@ def train_rank(rank: int, args, data_dir: str, mask_id: int, out: str, devices: 
         f"{sum(p.numel() for p in params) / 1e6:.2f} M params; budgets {args.minutes} min on {', '.join(devices)}")
     budgets = sorted(args.minutes)
     total_s = budgets[-1] * 60
-    snapshots, step, sequences, window = [], 0, 0, []
+    snapshots, curve, step, sequences, window = [], [], 0, 0, []
+    results["curve"] = curve  # the training log's figures, in the report
     drafter.train()
     t_warm = time.time()
     for i in range(args.warmup_batches):  # compile outside the timed budget; no update
@@ -161,6 +193,9 @@ def train_rank(rank: int, args, data_dir: str, mask_id: int, out: str, devices: 
             window = []
             log(f"step {step} epoch {loader.epoch} {clock:6.1f} s loss {loss:.4f} acc1 {acc[1]:.3f} "
                 f"tau_proxy {acceptance_proxy(acc):.2f} lr {opt.param_groups[0]['lr']:.2e}")
+            curve.append({"step": step, "s": round(clock, 1), "passes": round(sequences / len(dataset), 2),
+                          "loss": round(loss, 4), "acc1": round(acc[1], 4),
+                          "tau_proxy": round(acceptance_proxy(acc), 3), "lr": opt.param_groups[0]["lr"]})
         if reached:
             minutes = budgets.pop(0)
             if rank == 0:
@@ -176,6 +211,9 @@ def train_rank(rank: int, args, data_dir: str, mask_id: int, out: str, devices: 
                 results["snapshots"] = snapshots  # the report so far, with what the evaluation finished
                 proof_eval.merge(out, results)
                 proof_report.write_results(out, results)
+    if rank == 0:
+        with open(os.path.join(out, "train", "curve.json"), "w") as f:
+            json.dump(curve, f)
     if world > 1:
         identical = _replicas_identical(params, world)
         log(f"replicas identical after {step} steps: {identical}")
