@@ -16,6 +16,9 @@
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*)
 # Calls 3.. (within 30 s of the last): bash trainer/benchmarks/device_proof.sh watch [SECONDS]
+# Warm start (optional, between calls 1 and 2; carry .artifacts/dev-c holding the init.tar.part-* that the
+# last watch of an earlier session sent): bash trainer/benchmarks/device_proof.sh stash-init, then launch
+# with --init-drafter /var/tmp/dflash/init-drafter
 set -uo pipefail
 S=${DFLASH_STASH:-/var/tmp/dflash}   # kept between calls while the machine is warm (override: tests of this script)
 OUT=${OUT:-/tmp/dflash-out}
@@ -34,11 +37,11 @@ watch_proof() {
     local noise="Loading weights|Writing model|forward_call|FutureWarning|warnings.warn"
     grep -v -E "$noise" "$S/proof.log" > "$OUT/proof.log"
     tail -n 60 "$OUT/proof.log"
-    cp "$S"/report/proof.* "$OUT/" 2>/dev/null
+    cp "$S"/report/proof.json "$OUT/" 2>/dev/null  # proof.md is in the log's last lines and in proof.json
     if [ -f "$S/proof-b.log" ]; then  # the second proof (PROOF_B at launch)
         grep -v -E "$noise" "$S/proof-b.log" > "$OUT/proof-b.log"
         echo "--- proof B:"; tail -n 40 "$OUT/proof-b.log"
-        for f in "$S"/report-b/proof.*; do [ -f "$f" ] && cp "$f" "$OUT/proof-b.${f##*.}"; done
+        cp "$S/report-b/proof.json" "$OUT/proof-b.json" 2>/dev/null
     fi
     # The regenerated data comes back once, for the next session's dev-a: one tar for one regeneration
     # device, else one per device's part ($OUT takes at most 8 files of at most 16 MiB each).
@@ -52,7 +55,24 @@ watch_proof() {
             touch "$S/data.tar.sent"
         fi
     fi
-    pgrep -f proof_smollm2.py > /dev/null && echo "STILL RUNNING" || echo "PROOF FINISHED"
+    if pgrep -f proof_smollm2.py > /dev/null; then echo "STILL RUNNING"; return; fi
+    # Once all is done: the longest-trained export of the better proof comes back in three pieces
+    # (init.tar.part-*, ~39 MB in all), for a later session's warm start (stash-init, --init-drafter).
+    local best
+    best=$(python3 - "$S"/report/proof.json "$S"/report-b/proof.json <<'PY' 2>/dev/null
+import json, os, sys
+runs = [json.load(open(p)) for p in sys.argv[1:] if os.path.isfile(p)]
+snaps = [s for r in runs for s in r["snapshots"][-1:] if s.get("eval")]
+print(max(snaps, key=lambda s: s["eval"]["tau"])["export"] if snaps else "")
+PY
+)
+    if [ -n "$best" ] && [ ! -f "$S/init.sent" ] && [ "$(ls "$OUT" | wc -l)" -le 5 ]; then
+        tar -C "$(dirname "$best")" --transform "s,^$(basename "$best"),init-drafter," -cf - "$(basename "$best")" \
+            | split -b 15M - "$OUT/init.tar.part-" && touch "$S/init.sent" && echo "export sent: $best"
+    elif [ -n "$best" ] && [ ! -f "$S/init.sent" ]; then
+        echo "export not sent yet (\$OUT is full): run watch once more"
+    fi
+    echo "PROOF FINISHED"
 }
 
 case "${1:-}" in
@@ -67,6 +87,12 @@ stash)
     [ "${2:-smoke}" = smoke ] && python3 trainer/benchmarks/proof_smollm2.py --tiny --out "$S/tiny" --device cuda --report-dir "$OUT" \
         2>&1 | grep --line-buffered -v -E "Loading weights|Writing model" | tee "$OUT/tiny.log"
     ls -la "$S"
+    ;;
+stash-init)
+    # A warm start for this session's proof: the pieces `watch` sent at the end of an earlier session,
+    # put into .artifacts/dev-c/; then launch with --init-drafter /var/tmp/dflash/init-drafter.
+    cat .artifacts/dev-c/init.tar.part-* | tar -C "$S" -xf - || exit 3
+    ls -la "$S/init-drafter"
     ;;
 launch)
     # Join, check and convert the GGUF, then start the proof in its own session (setsid), so that it
@@ -107,5 +133,5 @@ watch)
     watch_proof "${2:-540}"
     ;;
 *)
-    echo "usage: $0 stash [smoke|nosmoke] | launch PROOF_FLAGS... | watch [SECONDS]"; exit 2 ;;
+    echo "usage: $0 stash [smoke|nosmoke] | stash-init | launch PROOF_FLAGS... | watch [SECONDS]"; exit 2 ;;
 esac
