@@ -122,6 +122,8 @@ def train_rank(rank: int, args, data_dir: str, mask_id: int, out: str, devices: 
     world = len(devices)
     device = torch.device(devices[rank])
     if device.type == "cuda":
+        if device.index is None:  # plain "cuda" (--device cuda): set_device needs an index
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
