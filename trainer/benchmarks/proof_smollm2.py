@@ -288,7 +288,7 @@ def run(args) -> int:
     data_dir, stats = regenerate(args, train_prompts, data_root, args.regen_devices or [str(device)], shared)
     stage["regenerate_s"] = round(time.time() - t, 1)
     log(f"data: {json.dumps(stats)}")
-    if device.type == "cuda":
+    if device.type == "cuda" and torch.cuda.is_initialized():  # only if this process generated (no new context)
         torch.cuda.empty_cache()
     # budgets are measured from a fresh start, and no result of an earlier run may be merged into this one
     for stale in ("train", "eval"):
