@@ -81,9 +81,10 @@ def _own_batch(loader: BatchLoader, rank: int, world: int):
     """This rank's batch of the next round of `world` batches (every rank walks the same plan)."""
     mine = None
     for r in range(world):
-        batch = loader.next_batch()
         if r == rank:
-            mine = batch
+            mine = loader.next_batch()
+        else:
+            loader.skip_batch()
     return mine
 
 

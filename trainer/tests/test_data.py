@@ -40,6 +40,19 @@ def test_order_deterministic_per_epoch_and_resumable(tmp_path):
     assert plan_epoch(ds.lengths, 3, 0, 256, 8) != plan_epoch(ds.lengths, 3, 1, 256, 8)
 
 
+def test_skip_batch_walks_the_same_plan(tmp_path):
+    _write(tmp_path, list(range(5, 105)))
+    ds = TokenizedDataset(str(tmp_path), max_seq_len=256)
+    full = BatchLoader(ds, seed=3, token_budget=256, max_batch_size=8)
+    every = [full.next_batch().indices for _ in range(60)]  # crosses into later epochs
+    rank1 = BatchLoader(ds, seed=3, token_budget=256, max_batch_size=8)
+    mine = []
+    for _ in range(30):
+        rank1.skip_batch()
+        mine.append(rank1.next_batch().indices)
+    assert mine == every[1::2] and rank1.epoch == full.epoch
+
+
 def test_collate_pads_and_masks(tmp_path):
     _write(tmp_path, [3, 5])
     ds = TokenizedDataset(str(tmp_path), max_seq_len=16)

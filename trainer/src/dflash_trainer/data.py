@@ -143,14 +143,20 @@ class BatchLoader:
         return self._plan
 
     def next_batch(self) -> Batch:
+        return collate(self.dataset, self._next_indices())
+
+    def skip_batch(self) -> None:
+        """Moves past the next batch without building it (another data-parallel rank's share)."""
+        self._next_indices()
+
+    def _next_indices(self) -> list[int]:
         plan = self._get_plan(self.epoch)
         if self.batch_index >= len(plan):
             self.epoch += 1
             self.batch_index = 0
             plan = self._get_plan(self.epoch)
-        batch = collate(self.dataset, plan[self.batch_index])
         self.batch_index += 1
-        return batch
+        return plan[self.batch_index - 1]
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "batch_index": self.batch_index, "seed": self.seed,
