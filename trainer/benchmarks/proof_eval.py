@@ -25,6 +25,7 @@ import torch
 
 from dflash_trainer.evaluate import eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target
 from dflash_trainer.export import export_checkpoint
+from dflash_trainer.heartbeat import write_json_atomic  # a reader (the driver) never sees half a file
 
 SNAPSHOTS = os.path.join("train", "snapshots.jsonl")
 DONE = os.path.join("train", "done")
@@ -32,13 +33,6 @@ DONE = os.path.join("train", "done")
 
 def _path(out: str, name: str) -> str:
     return os.path.join(out, "eval", name)
-
-
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)  # a reader never sees half a file
 
 
 def _read_json(path: str):
@@ -50,7 +44,7 @@ def _read_json(path: str):
 
 def write_settings(out: str, settings: dict) -> None:
     os.makedirs(os.path.join(out, "eval"), exist_ok=True)
-    _write_json(_path(out, "settings.json"), settings)
+    write_json_atomic(_path(out, "settings.json"), settings)
 
 
 def record_snapshot(out: str, snap: dict) -> None:
@@ -110,7 +104,7 @@ class Evaluator:
         rep = evaluate(self.model, self.prompts, block_size=s["block_size"], max_new_tokens=s["max_new_tokens"],
                        eos=self.eos, ngram=3, baseline=True, references=None)
         self.references = rep["references"]
-        _write_json(_path(self.out, "baseline.json"),
+        write_json_atomic(_path(self.out, "baseline.json"),
                     {"references": rep["references"], "target_only": rep["target_only"],
                      "prompt_lookup": rep["methods"]["prompt_lookup_n3"], "device": str(self.device)})
         self.log("baseline:\n" + format_table(rep))
@@ -123,7 +117,7 @@ class Evaluator:
         rep = evaluate(self.model, self.prompts, drafter=drafter, block_size=s["block_size"],
                        max_new_tokens=s["max_new_tokens"], eos=self.eos, baseline=False,
                        references=self.references)
-        _write_json(_path(self.out, f"snapshot-{snap['step']}.json"),
+        write_json_atomic(_path(self.out, f"snapshot-{snap['step']}.json"),
                     {"eval": rep["methods"]["dflash"], "export": export_dir, "device": str(self.device)})
         self.log(f"after {snap['minutes']} min ({snap['step']} steps):\n" + format_table(rep))
 

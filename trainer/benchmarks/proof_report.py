@@ -36,8 +36,8 @@ def _write_results(out: str, results: dict) -> None:
         if not m:
             continue
         ratio = m["tau"] / base["tau"] if base else float("nan")
-        lines.append(f"| DFlash | {s['minutes']} | {s['step']} | {s.get('passes', '-')} | {m['tau']:.2f} | {ratio:.2f} | "
-                     f"{m['tokens_per_target_forward']:.2f} | {'yes' if m['lossless'] else 'NO'} | "
+        lines.append(f"| DFlash | {s['minutes']} | {s['step']} | {s.get('passes', '-')} | {m['tau']:.2f} | "
+                     f"{ratio:.2f} | {m['tokens_per_target_forward']:.2f} | {'yes' if m['lossless'] else 'NO'} | "
                      f"{s['tau_proxy']:.2f} |")
     for s in results["snapshots"]:
         if s.get("eval"):

@@ -299,7 +299,8 @@ def run(args) -> int:
     results = {"target": args.target, "block_size": args.block_size, "layers": args.layers,
                "mask_token": f"{mask_id} ({mask_src})", "num_eval_prompts": args.num_eval,
                "eval_max_new_tokens": args.eval_max_new_tokens, "eval_dtype": "float32", "device": str(device),
-               "init_drafter": args.init_drafter, "train_devices": train_devices, "eval_device": args.eval_device or str(device), "data": stats, "snapshots": [], "stage_s": stage,
+               "init_drafter": args.init_drafter, "train_devices": train_devices,
+               "eval_device": args.eval_device or str(device), "data": stats, "snapshots": [], "stage_s": stage,
                "args": vars(args)}
     worker = start_eval_worker(out, args.eval_device, args.deadline_s, args.eval_threads) if args.eval_device else None
 

@@ -325,10 +325,11 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
     stats.update({"num_input_rows": total, "num_bad_rows": sum(bad.values()), "bad": dict(bad),
                   "complete": state["next_row"] >= total})
     stats_path = os.path.join(out_dir, "stats.json")
+    old_stats = None
     if os.path.isfile(stats_path):
         with open(stats_path) as f:
-            unchanged = json.load(f) == stats
-    if not os.path.isfile(stats_path) or not unchanged:  # a finished preparation, resumed, stays untouched
+            old_stats = json.load(f)
+    if old_stats != stats:  # a finished preparation, resumed, stays untouched
         _write_json(stats_path, stats)
     return stats
 
