@@ -9,7 +9,8 @@
 #               pip download --no-deps gguf==0.19.0 -d .artifacts/dev-a && cp .artifacts/dev-a/*.whl .artifacts/dev-b/
 #               python trainer/benchmarks/proof_prompts.py --num-chitchat 22500 --out .artifacts/dev-b/prompts.jsonl  (run 2: 6000)
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
-#               (optional) cp <files_at of an earlier watch>/data*.tar .artifacts/dev-a/  (skips regeneration)
+#               (optional) cat <files_at of an earlier watch>/data.tar.part-* > .artifacts/dev-a/data.tar
+#               (skips regeneration; dev-a must then stay under the 64 MiB a call carries)
 # Call 1 (carry .artifacts/dev-a):  bash trainer/benchmarks/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
 # Call 2 (carry .artifacts/dev-b):  bash trainer/benchmarks/device_proof.sh launch PROOF_FLAGS...
 #                                   (starts proof_smollm2.py detached, then follows it for $WATCH_S s;
@@ -43,17 +44,13 @@ watch_proof() {
         echo "--- proof B:"; tail -n 40 "$OUT/proof-b.log"
         cp "$S/report-b/proof.json" "$OUT/proof-b.json" 2>/dev/null
     fi
-    # The regenerated data comes back once, for the next session's dev-a: one tar for one regeneration
-    # device, else one per device's part ($OUT takes at most 8 files of at most 16 MiB each).
-    if [ ! -f "$S/data.tar.sent" ]; then
-        if [ -f "$S/proof/data/stats.json" ]; then
-            tar -C "$S/proof" -cf "$OUT/data.tar" data && touch "$S/data.tar.sent"
-        elif ls "$S"/proof/data/part-*/stats.json > /dev/null 2>&1; then
-            for part in "$S"/proof/data/part-*; do
-                tar -C "$S/proof" -cf "$OUT/data-$(basename "$part").tar" "data/$(basename "$part")"
-            done
-            touch "$S/data.tar.sent"
-        fi
+    # The regenerated data comes back once, for a later session: one tar (data/, with every device's
+    # part), in pieces of 15 MiB ($OUT takes at most 8 files of at most 16 MiB each). Join them there with
+    # `cat data.tar.part-* > data.tar` into the folder `stash` carries.
+    if [ ! -f "$S/data.tar.sent" ] && { [ -f "$S/proof/data/stats.json" ] ||
+                                        ls "$S"/proof/data/part-*/stats.json > /dev/null 2>&1; }; then
+        tar -C "$S/proof" -cf - data | split -b 15M - "$OUT/data.tar.part-" && touch "$S/data.tar.sent"
+        ls -la "$OUT"/data.tar.part-*
     fi
     if pgrep -f proof_smollm2.py > /dev/null; then echo "STILL RUNNING"; return; fi
     # Once all is done: the longest-trained export of the better proof comes back in three pieces
