@@ -135,7 +135,7 @@ def train_rank(rank: int, args, data_dir: str, mask_id: int, out: str, devices: 
     dataset = TokenizedDataset(data_dir, args.max_seq_len)
     loader = BatchLoader(dataset, args.seed, args.token_budget, args.max_batch_size)
     target = FrozenTarget(args.target, device, layer_ids, need_last_hidden=args.soft_labels)
-    drafter = training_drafter(cfg, target, device)  # as dflash-train builds it (compiled layers on CUDA)
+    drafter = training_drafter(cfg, target, device, compile_layers=not args.eager_layers)  # as dflash-train
     if args.init_drafter:
         drafter.load_trainable_state_dict(initial_weights(args.init_drafter, cfg))
         log(f"warm start from {args.init_drafter}")

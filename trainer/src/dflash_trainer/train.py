@@ -85,14 +85,17 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device) -> DFlashDrafter:
-    """A fresh drafter sharing the target's embedding and lm_head (frozen), ready to train on `device`."""
+def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device,
+                     compile_layers: bool = True) -> DFlashDrafter:
+    """A fresh drafter sharing the target's embedding and lm_head (frozen), ready to train on `device`
+    (its layers compiled on CUDA unless `compile_layers` is False)."""
     drafter = DFlashDrafter(drafter_cfg).to(device)
     drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
     if device.type == "cuda":  # frozen tables stay bf16 like the target; trainable weights fp32 master
         drafter.embed_tokens.to(torch.bfloat16)
         drafter.lm_head.to(torch.bfloat16)
-        drafter.compile_layers()  # 1.50 -> 1.31 s/step at the 27B shape on one H200 (benchmarks/)
+        if compile_layers:
+            drafter.compile_layers()  # 1.50 -> 1.31 s/step at the 27B shape on one H200 (benchmarks/)
     return drafter
 
 
