@@ -1,8 +1,8 @@
-"""CUDA-only checks (skipped without a GPU): flex_attention block mask == dense SDPA mask, and a short
-dflash-train run on one GPU."""
+"""CUDA-only checks (skipped without a GPU): flex_attention block mask == dense SDPA mask, a short
+dflash-train run on one GPU, the compiled head loss against autograd, and compiled drafter layers over
+batches of changing shape."""
 
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -58,3 +58,35 @@ def test_compiled_head_loss_matches_reference_on_cuda(soft):
     (ref_grad,) = torch.autograd.grad(ref, hidden)
     assert torch.allclose(total, ref, rtol=1e-4), (total, ref)
     assert torch.allclose(grad, ref_grad, rtol=1e-3, atol=1e-5), (grad - ref_grad).abs().max()
+
+
+def test_compiled_layers_train_through_changing_batch_shapes_on_cuda():
+    """The SmolLM2 proof's first run-4 attempt: compiled drafter layers (SmolLM2's drafter shape) failed an
+    inductor assertion when a new batch length recompiled them with dynamic shapes. Batches of several
+    lengths and sizes, as the proof's loader makes them, must train without error and stay finite."""
+    from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+    from dflash_trainer.step import drafter_micro_batch
+    torch.manual_seed(0)
+    cfg = DrafterConfig(hidden_size=576, num_hidden_layers=5, num_attention_heads=9, num_key_value_heads=3,
+                        head_dim=64, intermediate_size=1536, vocab_size=49152, target_layer_ids=[1, 8, 14, 20, 27],
+                        num_target_layers=30, block_size=16, mask_token_id=16)
+    d = DFlashDrafter(cfg).cuda()
+    torch.nn.init.normal_(d.embed_tokens.weight, std=0.02)
+    torch.nn.init.normal_(d.lm_head.weight, std=0.02)
+    d.embed_tokens.to(torch.bfloat16)
+    d.lm_head.to(torch.bfloat16)
+    d.compile_layers()
+    opt = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=1e-4)
+    for i, (B, T) in enumerate([(64, 190), (64, 211), (37, 385), (64, 96), (9, 1024), (64, 203), (1, 57)]):
+        lengths = torch.randint(T // 2, T + 1, (B,))
+        lengths[0] = T
+        ids = torch.randint(17, cfg.vocab_size, (B, T))
+        loss_mask = (torch.arange(T)[None, :] < lengths[:, None]) & (torch.arange(T)[None, :] >= 8)
+        taps = [torch.randn(B, T, 576, device="cuda", dtype=torch.bfloat16) for _ in range(5)]
+        last = torch.randn(B, T, 576, device="cuda", dtype=torch.bfloat16)
+        out = drafter_micro_batch(d, taps, last, ids, loss_mask, lengths, max_anchors=256, gamma=7.0,
+                                  noise_amplitude=0.05, seed=i, head_chunk_size=4096)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        assert torch.isfinite(out.loss), (B, T, out.loss)
