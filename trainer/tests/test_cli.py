@@ -47,6 +47,16 @@ def test_refusal_is_one_line_exit_2_and_failed_heartbeat(tiny, tmp_path, name):
     assert not os.path.exists(tmp_path / "out" / "checkpoints")
 
 
+@pytest.mark.parametrize("name,value", [("DFLASH_EAGER_LAYERS", "yes"), ("DFLASH_SPLIT_FC_LAYERS", "2"),
+                                        ("DFLASH_PROFILE_INTERVAL", "soon")])
+def test_bad_environment_knob_refused_in_one_line(tiny, tmp_path, name, value):
+    result = _run(train_cmd(tiny, tmp_path / "out"), env={name: value})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and "set it to" in lines[0], result.stderr  # the problem and the fix
+    assert read_heartbeat(tmp_path / "out")["phase"] == "failed"
+
+
 def test_data_without_loss_mask_refused(tiny, tmp_path):
     cmd = train_cmd(tiny, tmp_path / "out")
     cmd[cmd.index("--data-dir") + 1] = _no_loss_mask_dir(tmp_path)
@@ -88,5 +98,16 @@ def test_help_lists_every_flag():
                  "--max-seq-len", "--max-batch-size", "--block-size", "--max-anchors", "--num-draft-layers",
                  "--gamma", "--noise", "--noise-start", "--noise-end", "--use-soft-labels", "--run-dir", "--seed",
                  "--checkpoint-interval", "--mask-token-id", "--target-layer-ids", "--heartbeat-interval",
-                 "--max-steps", "--keep-checkpoints", "DFLASH_PROFILE_INTERVAL", "DFLASH_SPLIT_FC_LAYERS"):
+                 "--max-steps", "--keep-checkpoints", "DFLASH_PROFILE_INTERVAL", "DFLASH_SPLIT_FC_LAYERS",
+                 "DFLASH_EAGER_LAYERS"):
         assert flag in out, flag
+
+
+@pytest.mark.parametrize("value,compiled", [(None, True), ("0", True), ("1", False)])
+def test_eager_layers_knob_reaches_the_config(tiny, tmp_path, monkeypatch, value, compiled):
+    from dflash_trainer.cli import config_from_args
+    if value is None:
+        monkeypatch.delenv("DFLASH_EAGER_LAYERS", raising=False)
+    else:
+        monkeypatch.setenv("DFLASH_EAGER_LAYERS", value)
+    assert config_from_args(train_cmd(tiny, tmp_path / "out")[3:]).compile_layers is compiled

@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-interval", type=int, default=10, help="optimizer steps between log lines / metrics rows")
     p.epilog = ("environment: DFLASH_PROFILE_INTERVAL (seconds between profile.jsonl snapshots, default 60); "
                 "DFLASH_SPLIT_FC_LAYERS=1 applies fc per tap and sums instead of one matmul over the "
-                "concatenated taps (identical math, no K*H concatenation in memory).")
+                "concatenated taps (identical math, no K*H concatenation in memory); "
+                "DFLASH_EAGER_LAYERS=1 keeps the drafter layers eager on CUDA (default 0: compiled), "
+                "the way out if torch.compile fails on this machine's torch.")
     return p
 
 
@@ -110,6 +112,10 @@ def config_from_args(argv: list[str] | None) -> TrainConfig:
     if split not in ("0", "1"):
         raise UsageError(f"DFLASH_SPLIT_FC_LAYERS is {split!r}; set it to 0 or 1")
     kwargs["split_fc_layers"] = split == "1"
+    eager = os.environ.get("DFLASH_EAGER_LAYERS", "0")
+    if eager not in ("0", "1"):
+        raise UsageError(f"DFLASH_EAGER_LAYERS is {eager!r}; set it to 0 (compiled layers) or 1 (eager)")
+    kwargs["compile_layers"] = eager == "0"
     return TrainConfig(**kwargs)
 
 

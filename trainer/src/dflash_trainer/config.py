@@ -91,6 +91,8 @@ class TrainConfig:
     """From env DFLASH_PROFILE_INTERVAL: seconds between profile.jsonl snapshots."""
     split_fc_layers: bool = False
     """From env DFLASH_SPLIT_FC_LAYERS: apply fc per tap and sum (identical math, less peak memory)."""
+    compile_layers: bool = True
+    """From env DFLASH_EAGER_LAYERS (1 = eager): torch.compile the drafter layers on CUDA."""
 
     def __post_init__(self) -> None:
         if self.run_dir is None:

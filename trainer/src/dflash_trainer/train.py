@@ -121,7 +121,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
     # --- weights load from here on ---
     from dflash_trainer.target import FrozenTarget
     target = FrozenTarget(cfg.target_model, target_device, layer_ids, need_last_hidden=cfg.use_soft_labels)
-    drafter = training_drafter(drafter_cfg, target, drafter_device)
+    drafter = training_drafter(drafter_cfg, target, drafter_device, cfg.compile_layers)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
