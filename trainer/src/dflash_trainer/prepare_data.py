@@ -200,11 +200,8 @@ def write_shard(out_dir: str, shard: int, rows: list[tuple[list[int], list[int]]
 
 
 def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _write_json(path: str, obj) -> None:
