@@ -108,15 +108,17 @@ def config_from_args(argv: list[str] | None) -> TrainConfig:
         kwargs["profile_interval"] = float(os.environ.get("DFLASH_PROFILE_INTERVAL", "60"))
     except ValueError:
         raise UsageError("DFLASH_PROFILE_INTERVAL is not a number; set it to seconds, e.g. 60") from None
-    split = os.environ.get("DFLASH_SPLIT_FC_LAYERS", "0")
-    if split not in ("0", "1"):
-        raise UsageError(f"DFLASH_SPLIT_FC_LAYERS is {split!r}; set it to 0 or 1")
-    kwargs["split_fc_layers"] = split == "1"
-    eager = os.environ.get("DFLASH_EAGER_LAYERS", "0")
-    if eager not in ("0", "1"):
-        raise UsageError(f"DFLASH_EAGER_LAYERS is {eager!r}; set it to 0 (compiled layers) or 1 (eager)")
-    kwargs["compile_layers"] = eager == "0"
+    kwargs["split_fc_layers"] = _env_switch("DFLASH_SPLIT_FC_LAYERS")
+    kwargs["compile_layers"] = not _env_switch("DFLASH_EAGER_LAYERS")
     return TrainConfig(**kwargs)
+
+
+def _env_switch(name: str) -> bool:
+    """A 0/1 environment knob, off when unset; anything else is a usage error."""
+    value = os.environ.get(name, "0")
+    if value not in ("0", "1"):
+        raise UsageError(f"{name} is {value!r}; set it to 0 or 1")
+    return value == "1"
 
 
 def _guess_run_dir(argv: list[str]) -> str | None:
