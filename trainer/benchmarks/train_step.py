@@ -35,10 +35,10 @@ PRESETS = {
     "h200-27b": dict(hidden=5120, layers=5, heads=24, kv_heads=4, head_dim=256, intermediate=17408,
                      vocab=248320, seq_len=8192, block=32, anchors=1024, taps=5, batch=1, device="cuda",
                      steps=5, warmup=3),
-    # The CPU demo shape (dflash-make-tiny target, README demo flags).
     # The SmolLM2-135M proof (hidden 576, vocab 49,152): 5 layers, block 16, 64 sequences of ~320 tokens.
     "smollm2": dict(hidden=576, layers=5, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152,
                     seq_len=320, block=16, anchors=256, taps=5, batch=64, device="cuda", steps=10, warmup=3),
+    # The CPU demo shape (dflash-make-tiny target, README demo flags).
     "tiny-cpu": dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
                      seq_len=256, block=8, anchors=64, taps=5, batch=8, device="cpu", steps=10, warmup=2),
 }
@@ -141,12 +141,14 @@ def main(argv=None) -> int:
     variants = [(lab, hl) for lab in labels for hl in losses]
     state = {"variant": variants[0]}
 
-    def step(i):
-        label, head_loss = state["variant"]
+    def micro_batch(label, head_loss, seed, noise):
         os.environ["DFLASH_EAGER_HEAD_LOSS"] = "1" if head_loss == "eager" else ""
-        out = drafter_micro_batch(drafter, taps, last if label == "soft" else None, input_ids, loss_mask, lengths,
-                                  max_anchors=s["anchors"], gamma=10.0, noise_amplitude=0.01,
-                                  seed=derived_seed(0, i), head_chunk_size=args.head_chunk)
+        return drafter_micro_batch(drafter, taps, last if label == "soft" else None, input_ids, loss_mask, lengths,
+                                   max_anchors=s["anchors"], gamma=10.0, noise_amplitude=noise, seed=seed,
+                                   head_chunk_size=args.head_chunk)
+
+    def step(i):
+        out = micro_batch(*state["variant"], seed=derived_seed(0, i), noise=0.01)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
@@ -155,10 +157,7 @@ def main(argv=None) -> int:
 
     def loss_and_grads(label, head_loss):
         """Loss and flattened gradient of one fixed micro-batch, without an optimizer step."""
-        os.environ["DFLASH_EAGER_HEAD_LOSS"] = "1" if head_loss == "eager" else ""
-        out = drafter_micro_batch(drafter, taps, last if label == "soft" else None, input_ids, loss_mask, lengths,
-                                  max_anchors=s["anchors"], gamma=10.0, noise_amplitude=0.0, seed=123,
-                                  head_chunk_size=args.head_chunk)
+        out = micro_batch(label, head_loss, seed=123, noise=0.0)
         out.loss.backward()
         grad = torch.cat([p.grad.flatten().float() for p in trainable if p.grad is not None])
         optimizer.zero_grad(set_to_none=True)
