@@ -64,18 +64,18 @@ def test_compiled_layers_train_through_changing_batch_shapes_on_cuda():
     """The SmolLM2 proof's first run-4 attempt: compiled drafter layers (SmolLM2's drafter shape) failed an
     inductor assertion when a new batch length recompiled them with dynamic shapes. Batches of several
     lengths and sizes, as the proof's loader makes them, must train without error and stay finite."""
-    from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+    from types import SimpleNamespace
+
+    from dflash_trainer.drafter import DrafterConfig
     from dflash_trainer.step import drafter_micro_batch
+    from dflash_trainer.train import training_drafter
     torch.manual_seed(0)
     cfg = DrafterConfig(hidden_size=576, num_hidden_layers=5, num_attention_heads=9, num_key_value_heads=3,
                         head_dim=64, intermediate_size=1536, vocab_size=49152, target_layer_ids=[1, 8, 14, 20, 27],
                         num_target_layers=30, block_size=16, mask_token_id=16)
-    d = DFlashDrafter(cfg).cuda()
-    torch.nn.init.normal_(d.embed_tokens.weight, std=0.02)
-    torch.nn.init.normal_(d.lm_head.weight, std=0.02)
-    d.embed_tokens.to(torch.bfloat16)
-    d.lm_head.to(torch.bfloat16)
-    d.compile_layers()
+    tables = [torch.randn(cfg.vocab_size, 576, dtype=torch.bfloat16) * 0.02 for _ in range(2)]
+    target_tables = SimpleNamespace(embed_weight=lambda: tables[0], lm_head_weight=lambda: tables[1])
+    d = training_drafter(cfg, target_tables, torch.device("cuda"))  # as dflash-train and the proof build it
     opt = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=1e-4)
     for i, (B, T) in enumerate([(64, 190), (64, 211), (37, 385), (64, 96), (9, 1024), (64, 203), (1, 57)]):
         lengths = torch.randint(T // 2, T + 1, (B,))
