@@ -48,7 +48,8 @@ def test_refusal_is_one_line_exit_2_and_failed_heartbeat(tiny, tmp_path, name):
 
 
 @pytest.mark.parametrize("name,value", [("DFLASH_EAGER_LAYERS", "yes"), ("DFLASH_SPLIT_FC_LAYERS", "2"),
-                                        ("DFLASH_PROFILE_INTERVAL", "soon")])
+                                        ("DFLASH_PROFILE_INTERVAL", "soon"),
+                                        ("DFLASH_EAGER_HEAD_LOSS", "true")])
 def test_bad_environment_knob_refused_in_one_line(tiny, tmp_path, name, value):
     result = _run(train_cmd(tiny, tmp_path / "out"), env={name: value})
     assert result.returncode == 2, result.stderr

@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "DFLASH_SPLIT_FC_LAYERS=1 applies fc per tap and sums instead of one matmul over the "
                 "concatenated taps (identical math, no K*H concatenation in memory); "
                 "DFLASH_EAGER_LAYERS=1 keeps the drafter layers eager on CUDA (default 0: compiled), "
-                "the way out if torch.compile fails on this machine's torch.")
+                "the way out if torch.compile fails on this machine's torch; "
+                "DFLASH_EAGER_HEAD_LOSS=1 runs the head loss eagerly (default 0: compiled on CUDA).")
     return p
 
 
@@ -110,6 +111,7 @@ def config_from_args(argv: list[str] | None) -> TrainConfig:
         raise UsageError("DFLASH_PROFILE_INTERVAL is not a number; set it to seconds, e.g. 60") from None
     kwargs["split_fc_layers"] = _env_switch("DFLASH_SPLIT_FC_LAYERS")
     kwargs["compile_layers"] = not _env_switch("DFLASH_EAGER_LAYERS")
+    _env_switch("DFLASH_EAGER_HEAD_LOSS")  # checked up front; loss.compile_head_loss reads it at each call
     return TrainConfig(**kwargs)
 
 

@@ -53,7 +53,7 @@ def compile_head_loss(device: torch.device) -> bool:
     """Fused chunk kernels on CUDA: eager runs ~10 separate passes over each [chunk, V] fp32 block
     (log_softmax, exp, gather, scatter, casts), which cost more than the head matmuls themselves.
     DFLASH_EAGER_HEAD_LOSS=1 turns it off (debugging, and the benchmark's eager reference)."""
-    return device.type == "cuda" and os.environ.get("DFLASH_EAGER_HEAD_LOSS", "") not in ("1", "true")
+    return device.type == "cuda" and os.environ.get("DFLASH_EAGER_HEAD_LOSS", "") != "1"
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):
