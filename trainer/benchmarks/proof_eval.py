@@ -105,8 +105,8 @@ class Evaluator:
                        eos=self.eos, ngram=3, baseline=True, references=None)
         self.references = rep["references"]
         write_json_atomic(_path(self.out, "baseline.json"),
-                    {"references": rep["references"], "target_only": rep["target_only"],
-                     "prompt_lookup": rep["methods"]["prompt_lookup_n3"], "device": str(self.device)})
+                          {"references": rep["references"], "target_only": rep["target_only"],
+                           "prompt_lookup": rep["methods"]["prompt_lookup_n3"], "device": str(self.device)})
         self.log("baseline:\n" + format_table(rep))
 
     def snapshot(self, snap: dict) -> None:
@@ -118,7 +118,7 @@ class Evaluator:
                        max_new_tokens=s["max_new_tokens"], eos=self.eos, baseline=False,
                        references=self.references)
         write_json_atomic(_path(self.out, f"snapshot-{snap['step']}.json"),
-                    {"eval": rep["methods"]["dflash"], "export": export_dir, "device": str(self.device)})
+                          {"eval": rep["methods"]["dflash"], "export": export_dir, "device": str(self.device)})
         self.log(f"after {snap['minutes']} min ({snap['step']} steps):\n" + format_table(rep))
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+from dflash_trainer.heartbeat import write_json_atomic
+
 
 def write_results(out: str, results: dict) -> None:
     report_dir = results["args"].get("report_dir")
@@ -15,8 +17,7 @@ def write_results(out: str, results: dict) -> None:
 
 def _write_results(out: str, results: dict) -> None:
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "proof.json"), "w") as f:
-        json.dump(results, f, indent=2)
+    write_json_atomic(os.path.join(out, "proof.json"), results, indent=2)  # `watch` copies it while the proof runs
     base = results.get("baseline") or {}
     lines = [f"# DFlash proof: {results['target']}", "",
              f"block {results['block_size']}, {results['layers']} draft layers, mask token {results['mask_token']}, "

@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     state = {"variant": variants[0]}
 
     def micro_batch(label, head_loss, seed, noise):
-        os.environ["DFLASH_EAGER_HEAD_LOSS"] = "1" if head_loss == "eager" else ""
+        os.environ["DFLASH_EAGER_HEAD_LOSS"] = "1" if head_loss == "eager" else "0"
         return drafter_micro_batch(drafter, taps, last if label == "soft" else None, input_ids, loss_mask, lengths,
                                    max_anchors=s["anchors"], gamma=10.0, noise_amplitude=noise, seed=seed,
                                    head_chunk_size=args.head_chunk)

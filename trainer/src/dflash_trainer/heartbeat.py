@@ -15,12 +15,12 @@ import time
 PHASES = ("loading", "training", "checkpointing", "finished", "failed")
 
 
-def write_json_atomic(path: str, payload: dict) -> None:
+def write_json_atomic(path: str, payload, indent: int | None = None) -> None:
     """Write then rename: os.replace is atomic within one filesystem, so readers see old or new."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump(payload, f)
+        json.dump(payload, f, indent=indent)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())

@@ -32,6 +32,8 @@ import sys
 import time
 from collections import Counter
 
+from dflash_trainer.heartbeat import write_json_atomic
+
 PROG = "dflash-prepare-data"
 
 
@@ -204,12 +206,6 @@ def _sha256(path: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _write_json(path: str, obj) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(path + ".tmp", path)
-
-
 class _Progress:
     def __init__(self, total: int, done: int):
         self.bar = None
@@ -312,7 +308,7 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
         state["num_tokens"] += sum(len(r[0]) for r in rows)
         state["num_supervised_tokens"] += sum(sum(r[1]) for r in rows)
         state["bad"] = dict(bad)
-        _write_json(progress_path, state)  # after the shard: a crash in between redoes one chunk at most
+        write_json_atomic(progress_path, state, indent=2)  # after the shard: a crash in between redoes one chunk at most
         if bar:
             bar.update(len(chunk))
     if bar:
@@ -327,7 +323,7 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
         with open(stats_path) as f:
             old_stats = json.load(f)
     if old_stats != stats:  # a finished preparation, resumed, stays untouched
-        _write_json(stats_path, stats)
+        write_json_atomic(stats_path, stats, indent=2)
     return stats
 
 
