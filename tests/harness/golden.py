@@ -26,7 +26,7 @@ from . import CACHE_DIR, CT_VENV, REPO_ROOT, WHEEL_DIR, lxc
 RECIPE_VERSION = 1
 RELEASE = "bookworm"
 PACKAGES = ["python3", "python3-venv", "python3-pip", "procps", "psmisc"]
-# Pinned like the project's requirements.txt; cp311 wheels (bookworm's python3 is 3.11, like the host's venv).
+# Pinned like the project's tests/requirements.txt; cp311 wheels (bookworm's python3 is 3.11, like the host's venv).
 HEAVY_REQUIREMENTS = [
     "torch==2.13.0",
     "transformers==5.24.0",
