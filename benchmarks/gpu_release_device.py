@@ -63,7 +63,8 @@ def import_backend():
         os.symlink(ROOT, os.path.join(path, "ansible_collections", "dflash", "ops"))
         atexit.register(shutil.rmtree, path, True)
     sys.path.insert(0, path)
-    from ansible_collections.dflash.ops.plugins.module_utils._dflash import procfs, training_backend
+    from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs
+    from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import training_backend
     return training_backend, procfs
 
 
@@ -105,8 +106,7 @@ class Bench(object):
 
     def lifecycle(self, state="restarted", **over):
         """One training_run call in local mode; returns the result, with failed/msg on failure."""
-        spec = self.backend.argument_spec()
-        params = dict((k, v.get("default")) for k, v in spec.items())
+        params = self.backend.argument_spec().defaults()
         # The trainer starts from `env -i`: hand on what finds torch and libcuda if this shell needed it.
         env = dict((k, os.environ[k]) for k in ("LD_LIBRARY_PATH", "PYTHONPATH") if os.environ.get(k))
         params.update(name=RUN, state=state, transport="local", runs_root=self.runs_root, gpus=[0],

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Copyright: dflash.ops contributors
-# Apache License 2.0
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 
 from __future__ import annotations
 
@@ -22,19 +23,9 @@ attributes:
     details: Nothing runs in check mode; the result says whether O(creates)/O(removes) would skip it.
   diff_mode:
     support: none
+extends_documentation_fragment:
+  - dflash.ops.transport
 options:
-  vmid:
-    description: Container id; required when O(transport=pct).
-    type: int
-  transport:
-    description: V(pct) runs inside the container; V(local) on the managed host.
-    type: str
-    choices: [pct, local]
-    default: pct
-  pct_path:
-    description: The C(pct) command (name on PATH or absolute path).
-    type: str
-    default: pct
   argv:
     description: The command as a list; each element is passed literally.
     type: list
@@ -120,33 +111,13 @@ skipped_reason:
   sample: /opt/dflash/venv/bin/python exists
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.module_failure import ModuleFailure
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.pct_exec_backend import run_command
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.pct_exec_backend import (
+    argument_spec, run_command)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            vmid=dict(type="int"),
-            transport=dict(type="str", default="pct", choices=["pct", "local"]),
-            pct_path=dict(type="str", default="pct"),
-            argv=dict(type="list", elements="str"),
-            cmd=dict(type="str"),
-            env=dict(type="dict", default={}),
-            login_shell=dict(type="bool", default=False),
-            chdir=dict(type="path"),
-            creates=dict(type="path"),
-            removes=dict(type="path"),
-            timeout=dict(type="float"),
-            expected_rc=dict(type="list", elements="int", default=[0]),
-        ),
-        required_one_of=[("argv", "cmd")],
-        mutually_exclusive=[("argv", "cmd")],
-        required_if=[("transport", "pct", ("vmid",))],
-        supports_check_mode=True,
-    )
+    module = argument_spec().create_ansible_module(supports_check_mode=True)
     try:
         result = run_command(module)
     except ModuleFailure as exc:

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Copyright: dflash.ops contributors
-# Apache License 2.0
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ attributes:
     description: Reports whether the run would be launched or stopped; starts and stops nothing.
   diff_mode:
     support: none
+extends_documentation_fragment:
+  - dflash.ops.transport
 options:
   name:
     description: Run name; letters, digits, C(.), C(_) and C(-), at most 64 characters.
@@ -42,18 +45,6 @@ options:
     type: str
     choices: [started, stopped, restarted, status]
     default: restarted
-  transport:
-    description: V(pct) runs inside container O(vmid) through C(pct exec); V(local) runs on the managed host.
-    type: str
-    choices: [pct, local]
-    default: pct
-  vmid:
-    description: Container id; required when O(transport=pct).
-    type: int
-  pct_path:
-    description: The C(pct) command (a name looked up on PATH, or an absolute path).
-    type: str
-    default: pct
   python:
     description:
       - Python interpreter at the target that runs the lifecycle code (stdlib only).
@@ -250,19 +241,13 @@ alive:
   sample: true
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.module_failure import ModuleFailure
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.training_backend import argument_spec, manage_run
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.training_backend import (
+    argument_spec, manage_run)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=argument_spec(),
-        required_if=[("transport", "pct", ("vmid",)), ("state", "started", ("command",)),
-                     ("state", "restarted", ("command",))],
-        supports_check_mode=True,
-    )
+    module = argument_spec().create_ansible_module(supports_check_mode=True)
     try:
         result = manage_run(module)
     except ModuleFailure as exc:

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
-# Copyright: dflash.ops contributors
-# Apache License 2.0
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """A run's identity and configuration: name rules, the trainer argv, the fingerprint, the request.
 
 Everything here is checked on the controller side of the transport, before any command runs.
@@ -13,18 +14,10 @@ import json
 import posixpath
 import re
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport import validate_env
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.run_name import validate_run_name
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import validate_env
 
-RUN_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-FLAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-
-
-def validate_run_name(name):
-    if not isinstance(name, str) or not RUN_NAME_RE.match(name) or name in (".", ".."):
-        raise ValueError(
-            "invalid run name %r: use 1-64 letters, digits, '.', '_' or '-' (e.g. slammed5)" % (name,)
-        )
-    return name
+FLAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # fullmatch: "$" would let a trailing newline in
 
 
 def _absolute(path, what):
@@ -42,7 +35,7 @@ def trainer_argv(command, trainer_args):
     for key in sorted(trainer_args or {}):
         value = trainer_args[key]
         flag = key.replace("_", "-")
-        if not FLAG_RE.match(flag):
+        if not FLAG_RE.fullmatch(flag):
             raise ValueError("invalid trainer flag name %r: use letters, digits, - and _" % (key,))
         if value is None or value is False:
             continue
@@ -66,46 +59,37 @@ def fingerprint(argv, env, gpus, secret_names, cwd):
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-_STATE_TO_ACTION = {"started": "started", "restarted": "restarted", "stopped": "stopped", "status": "status"}
-
-
-def build_request(params, check_mode=False):
-    """Validate module params and return the JSON request for run_lifecycle.main()."""
+def build_request(params, check_mode=False, diff=False):
+    """Validate module params (every option present, defaults filled by the argument spec) and return the
+    JSON request for the in-container run_lifecycle.main()."""
     name = validate_run_name(params["name"])
-    runs_root = _absolute(params.get("runs_root") or "/workspace/runs", "runs_root")
-    run_dir = _absolute(params.get("run_dir") or posixpath.join(runs_root, name), "run_dir")
-    gpus = list(params.get("gpus") or [])
+    runs_root = _absolute(params["runs_root"], "runs_root")
+    run_dir = _absolute(params["run_dir"] or posixpath.join(runs_root, name), "run_dir")
+    gpus = list(params["gpus"] or [])
     if any((not isinstance(g, int)) or g < 0 for g in gpus):
         raise ValueError("gpus must be a list of GPU indexes (integers >= 0), got %r" % (gpus,))
-    env = dict(params.get("env") or {})
-    secret_env = dict(params.get("secret_env") or {})
+    env = dict(params["env"] or {})
+    secret_env = dict(params["secret_env"] or {})
     validate_env(env)
     validate_env(secret_env)
     clash = sorted(set(env) & set(secret_env))
     if clash:
         raise ValueError("%s set in both env and secret_env: keep each variable in one of them" % ", ".join(clash))
-    cwd = _absolute(params["cwd"], "cwd") if params.get("cwd") else None
-    state = params.get("state") or "restarted"
-    req = {
-        "action": _STATE_TO_ACTION[state], "check_mode": bool(check_mode), "run": name,
-        "runs_root": runs_root, "run_dir": run_dir, "gpus": gpus, "cwd": cwd,
-        "force": bool(params.get("force")),
-        "stop_timeout": float(params.get("stop_timeout", 120)),
-        "gpu_release_timeout": float(params.get("gpu_release_timeout", 120)),
-        "gpu_memory_threshold_mib": int(params.get("gpu_memory_threshold_mib", 1024)),
-        "gpu_device_pattern": params.get("gpu_device_pattern") or "/dev/nvidia{index}",
-        "settle_time": float(params.get("settle_time", 0.5)),
-        "heartbeat_timeout": float(params.get("heartbeat_timeout", 120)),
-        "wait_for_phase": params.get("wait_for_phase"),
-        "phase_timeout": float(params.get("phase_timeout", 600)),
-        "log_tail_lines": int(params.get("log_tail_lines", 40)),
-        "status_log_lines": int(params.get("status_log_lines", 0)),
-        "lock_timeout": float(params.get("lock_timeout", 900)),
-    }
-    if "{index}" not in req["gpu_device_pattern"]:
+    cwd = _absolute(params["cwd"], "cwd") if params["cwd"] else None
+    if "{index}" not in params["gpu_device_pattern"]:
         raise ValueError("gpu_device_pattern must contain {index}, e.g. /dev/nvidia{index}")
+    state = params["state"]
+    req = dict((key, params[key]) for key in _PASSED_THROUGH)
+    req.update(action=state, check_mode=bool(check_mode), diff=bool(diff), run=name, runs_root=runs_root,
+               run_dir=run_dir, gpus=gpus, cwd=cwd, force=bool(params["force"]))
     if state in ("started", "restarted"):
-        argv = trainer_argv(params.get("command"), params.get("trainer_args"))
+        argv = trainer_argv(params["command"], params["trainer_args"])
         req.update(argv=argv, env=env, secret_env=secret_env,
                    fingerprint=fingerprint(argv, env, gpus, secret_env.keys(), cwd))
     return req
+
+
+# Options the lifecycle reads as they are (types already converted by the argument spec).
+_PASSED_THROUGH = ("stop_timeout", "gpu_release_timeout", "gpu_memory_threshold_mib", "gpu_device_pattern",
+                   "settle_time", "heartbeat_timeout", "wait_for_phase", "phase_timeout", "log_tail_lines",
+                   "status_log_lines", "lock_timeout")

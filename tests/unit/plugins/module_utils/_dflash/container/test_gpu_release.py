@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash import gpu_release
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import gpu_release
 
 MiB = 1024 * 1024
 

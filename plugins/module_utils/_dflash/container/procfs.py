@@ -1,9 +1,10 @@
 # -*- coding: utf-8 -*-
-# Copyright: dflash.ops contributors
-# Apache License 2.0
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """Process facts read from /proc, and stopping a process group for good.
 
-Stdlib only: this file is shipped into the container with run_lifecycle.py (see lifecycle_payload).
+Stdlib only: part of the package shipped into the container (see controller/lifecycle_shipping.py).
 """
 
 import os

@@ -1,10 +1,11 @@
 # -*- coding: utf-8 -*-
-# Copyright: dflash.ops contributors
-# Apache License 2.0
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """The run lifecycle, executed INSIDE the training container: JSON request in, JSON result out.
 
-One transport call runs this whole file (with procfs.py and gpu_release.py) so that a restart costs one
-`pct exec`, and the same code is what local mode and the container tests exercise. Stdlib only.
+One transport call ships this package (controller/lifecycle_shipping.py) and calls main(), so that a restart
+costs one `pct exec`, and the same code is what local mode and the container tests exercise. Stdlib only.
 
 Run directory contract (DESIGN.md): launch.json, pid, train.log, heartbeat.json, checkpoints/, metrics.jsonl.
 """
@@ -17,11 +18,9 @@ import subprocess
 import sys
 import time
 
-try:  # stripped when shipped: there the three files share one namespace
-    from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group  # noqa: F401
-    from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
+from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
+from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
+from .run_name import validate_run_name
 
 LOCK_NAME = ".dflash-lifecycle.lock"
 LOG_NAME = "train.log"
@@ -306,6 +305,30 @@ def _stop_all(req, runs):
     return stopped
 
 
+def _config_view(launch_info):
+    """The parts of a launch that define the run (what a restart changes), for --diff."""
+    keys = ("fingerprint", "argv", "env", "secret_env_names", "gpus", "cwd")
+    return dict((key, (launch_info or {}).get(key)) for key in keys)
+
+
+def run_diff(req, runs, own_pid, own_launch, same):
+    """Ansible's before/after of this request: the run's configuration, and which runs are alive on its GPUs."""
+    alive = [name for name, _ in runs]
+    before = {"alive": own_pid is not None, "alive_on_its_gpus": alive}
+    before.update(_config_view(own_launch if own_pid is not None else None))
+    if req["action"] == "stopped":
+        after = dict(before, alive=False, alive_on_its_gpus=[n for n in alive if n != req["run"]])
+        if own_pid is None:
+            after = before
+    elif own_pid is not None and (req["action"] == "started" or (same and not req.get("force"))):
+        after = before  # no-op: nothing changes
+    else:
+        after = {"alive": True, "alive_on_its_gpus": [req["run"]]}
+        after.update(_config_view(dict(req, secret_env_names=sorted((req.get("secret_env") or {}).keys()))))
+    label = "run %s" % req["run"]
+    return {"before": before, "after": after, "before_header": label, "after_header": label}
+
+
 def change(req):
     """started / restarted / stopped, under the container's lock."""
     timings = {}
@@ -326,6 +349,8 @@ def _change(req, timings):
         timings["lock"] = round(time.monotonic() - t_lock, 3)
         runs, own_pid, own_launch = conflicting_runs(req)
         same = own_pid is not None and (own_launch or {}).get("fingerprint") == req.get("fingerprint")
+        if req.get("diff"):
+            result["diff"] = run_diff(req, runs, own_pid, own_launch, same)
         if action == "stopped":
             own = [(n, p) for n, p in runs if n == req["run"]]
             result.update(changed=bool(own), action="stopped" if own else "none", pid=own_pid)
@@ -363,6 +388,7 @@ def _change(req, timings):
 
 def main(req):
     try:
+        validate_run_name(req.get("run"))
         if req["action"] == "status":
             out = status(req)
         else:
@@ -370,11 +396,10 @@ def main(req):
     except LifecycleError as exc:
         out = {"failed": True, "msg": str(exc)}
         out.update(exc.facts)
+    except ValueError as exc:  # a request the controller should have refused
+        out = {"failed": True, "msg": str(exc)}
     except Exception as exc:  # report, never a traceback on the operator's screen
         out = {"failed": True, "msg": "lifecycle error: %s: %s" % (type(exc).__name__, exc)}
     sys.stdout.write(json.dumps(out, default=str) + "\n")
     sys.stdout.flush()
 
-
-if __name__ == "__main__":
-    main(json.load(sys.stdin))

@@ -1,20 +1,18 @@
 # -*- coding: utf-8 -*-
-# Copyright: dflash.ops contributors
-# Apache License 2.0
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """Wait until a run's GPUs are free: no process holds their device files, NVML reports memory released.
 
 Inside an LXC container NVML lists no processes (the driver does not see PID namespaces), so used memory
 is the signal there; the device-file scan finds holders that live in the same container. Without an
 NVIDIA driver (the CPU default) the NVML part is skipped and the result says so instead of pretending.
-Shipped into the container with run_lifecycle.py; depends on procfs.py's functions being in scope.
+Part of the package shipped into the container (stdlib only; see controller/lifecycle_shipping.py).
 """
 
 import time
 
-try:  # stripped when shipped: there the three files share one namespace
-    from .procfs import cmdline, holders_of  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
+from .procfs import cmdline, holders_of
 
 
 def _started_nvml():

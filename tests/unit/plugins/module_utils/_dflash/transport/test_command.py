@@ -4,7 +4,7 @@ import stat
 
 import pytest
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash import transport as t
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport import command as t
 
 P = t.DEFAULT_PATH
 
@@ -44,7 +44,7 @@ def test_hostile_values_run_literally(tmp_path, value):
     assert not canary.exists()
 
 
-@pytest.mark.parametrize("name", ["1A", "A B", "A=B", "A;B", "", "A-B", "$(id)"])
+@pytest.mark.parametrize("name", ["1A", "A B", "A=B", "A;B", "", "A-B", "$(id)", "A\n"])
 def test_bad_env_names_are_refused(name):
     with pytest.raises(ValueError, match="invalid environment variable name"):
         t.Transport("local").build_argv(["true"], env={name: "x"})

@@ -1,18 +1,15 @@
 """Run names, the trainer argv and the fingerprint."""
 import pytest
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash import run_config as rc
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config as rc
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.training_backend import argument_spec
 
 
-@pytest.mark.parametrize("name", ["slammed5", "a", "A.b_c-d", "x" * 64])
-def test_good_run_names(name):
-    assert rc.validate_run_name(name) == name
-
-
-@pytest.mark.parametrize("name", ["", "x" * 65, "a b", "a/b", "..", ".", "$(id)", "a;b", "é", None, 5])
-def test_bad_run_names(name):
-    with pytest.raises(ValueError, match="invalid run name"):
-        rc.validate_run_name(name)
+def params(**given):
+    """What AnsibleModule hands the backend: every option, defaults from the one argument spec."""
+    out = argument_spec().defaults()
+    out.update(given)
+    return out
 
 
 def test_trainer_argv_rules():
@@ -27,6 +24,7 @@ def test_empty_gpu_list_is_an_empty_value():
 
 
 @pytest.mark.parametrize("args,msg", [({"a b": 1}, "invalid trainer flag"), ({"-x": 1}, "invalid trainer flag"),
+                                      ({"x\n": 1}, "invalid trainer flag"),
                                       ({"m": {"a": 1}}, "mapping value")])
 def test_bad_trainer_args(args, msg):
     with pytest.raises(ValueError, match=msg):
@@ -43,11 +41,20 @@ def test_fingerprint_changes_with_config_not_with_secret_values():
 
 
 def test_request_defaults_and_checks():
-    req = rc.build_request({"name": "r", "command": ["t"], "state": "restarted"})
+    req = rc.build_request(params(name="r", command=["t"], state="restarted"))
     assert req["run_dir"] == "/workspace/runs/r" and req["action"] == "restarted" and req["argv"] == ["t"]
+    assert req["stop_timeout"] == 120 and req["lock_timeout"] == 900 and req["diff"] is False
     with pytest.raises(ValueError, match="gpus"):
-        rc.build_request({"name": "r", "command": ["t"], "gpus": [-1]})
+        rc.build_request(params(name="r", command=["t"], gpus=[-1]))
     with pytest.raises(ValueError, match="absolute"):
-        rc.build_request({"name": "r", "command": ["t"], "run_dir": "rel"})
-    status = rc.build_request({"name": "r", "state": "status"})
+        rc.build_request(params(name="r", command=["t"], run_dir="rel"))
+    with pytest.raises(ValueError, match="{index}"):
+        rc.build_request(params(name="r", command=["t"], gpu_device_pattern="/dev/nvidia0"))
+    status = rc.build_request(params(name="r", state="status"))
     assert "argv" not in status
+
+
+def test_request_carries_every_lifecycle_option():
+    # The lifecycle reads these keys; a spec option renamed without build_request following would KeyError.
+    req = rc.build_request(params(name="r", command=["t"], settle_time=2.5, phase_timeout=7.0), diff=True)
+    assert req["settle_time"] == 2.5 and req["phase_timeout"] == 7.0 and req["diff"] is True

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
-# Copyright: dflash.ops contributors
-# Apache License 2.0
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """The one place that knows how a command reaches the inside of the training container.
 
 Modes:
@@ -20,8 +21,10 @@ import shutil
 import signal
 import subprocess
 
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.argument_spec import ArgumentSpec
+
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: "$" would let a trailing newline in
 # Runs argv[1:] as a login shell would, without interpolating any of it into the script.
 LOGIN_SHELL_SCRIPT = 'exec "$@"'
 MODES = ("pct", "local")
@@ -50,7 +53,7 @@ class CommandTimeout(TransportError):
 def validate_env(env):
     """Reject names a shell or env(1) would misread; values may hold anything but NUL."""
     for name, value in (env or {}).items():
-        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+        if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
             raise ValueError(
                 "invalid environment variable name %r: use letters, digits and _ and do not start with a digit" % (name,)
             )
@@ -77,6 +80,11 @@ class Transport(object):
         self.mode = mode
         self.vmid = vmid
         self.pct_path = pct_path
+
+    @classmethod
+    def from_params(cls, params):
+        """The transport of a module whose spec includes transport_argument_spec()."""
+        return cls(params["transport"], vmid=params.get("vmid"), pct_path=params["pct_path"])
 
     def describe(self):
         return "CT %s" % self.vmid if self.mode == "pct" else "the local host"
@@ -157,6 +165,18 @@ class Transport(object):
             )
         if "please run as root" in err:
             raise TransportError("pct refused: please run as root (set become: true for this play)")
+
+
+def transport_argument_spec():
+    """The options that say where a command runs; documented once in doc_fragments/transport.py."""
+    return ArgumentSpec(
+        argument_spec=dict(
+            transport=dict(type="str", default="pct", choices=list(MODES)),
+            vmid=dict(type="int"),
+            pct_path=dict(type="str", default="pct"),
+        ),
+        required_if=[("transport", "pct", ("vmid",))],
+    )
 
 
 def _kill_group(proc):

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
-# Copyright: dflash.ops contributors
-# Apache License 2.0
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
 """The one exception backends raise for a module to turn into fail_json(msg=…, **facts)."""
 
 from __future__ import annotations

@@ -1,0 +1,62 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+"""Ship the in-container package (module_utils/_dflash/container) and run it: one transport call, JSON in and out.
+
+argv is a constant (``python3 -c BOOTSTRAP``); the package's sources and the request (secrets included)
+travel on stdin, so nothing the user typed and no secret is ever in an argument vector. At the target the
+sources become a real package (an in-memory importer), so their relative imports work as they do here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+from ansible_collections.dflash.ops.plugins.module_utils._dflash import container
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import (
+    gpu_release, procfs, run_lifecycle, run_name)
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import TransportError
+
+PACKAGE = "dflash_lifecycle"
+ENTRY = PACKAGE + ".run_lifecycle"
+
+# Serves {module name: source} from stdin as package PACKAGE, imports ENTRY and calls main(request).
+BOOTSTRAP = (
+    "import importlib.abc,importlib.util,json,sys\n"
+    "d=json.load(sys.stdin);S=d['sources']\n"
+    "class F(importlib.abc.MetaPathFinder,importlib.abc.Loader):\n"
+    " def find_spec(self,n,p=None,t=None):\n"
+    "  return importlib.util.spec_from_loader(n,self,is_package=n==d['package']) if n in S else None\n"
+    " def create_module(self,s):return None\n"
+    " def exec_module(self,m):exec(compile(S[m.__name__],m.__name__,'exec'),m.__dict__)\n"
+    "sys.meta_path.insert(0,F())\n"
+    "importlib.import_module(d['entry']).main(d['request'])\n"
+)
+
+_SOURCES = None
+
+
+def sources():
+    """{qualified name at the target: source} of the whole in-container package."""
+    global _SOURCES
+    if _SOURCES is None:
+        _SOURCES = {PACKAGE: inspect.getsource(container)}
+        for module in (procfs, gpu_release, run_name, run_lifecycle):
+            _SOURCES["%s.%s" % (PACKAGE, module.__name__.rsplit(".", 1)[-1])] = inspect.getsource(module)
+    return _SOURCES
+
+
+def run_lifecycle_remote(transport, request, python="python3", timeout=None):
+    """Run the lifecycle at the transport's target; return its result dict."""
+    stdin = json.dumps({"sources": sources(), "package": PACKAGE, "entry": ENTRY, "request": request})
+    rc, out, err = transport.run([python, "-c", BOOTSTRAP], stdin_data=stdin, timeout=timeout)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if rc != 0 or not lines:
+        detail = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
+        if rc in (126, 127):
+            raise TransportError("%s not found in %s: install python3 there (or set python=)"
+                                 % (python, transport.describe()))
+        raise TransportError("the lifecycle script failed in %s (exit %s): %s" % (transport.describe(), rc, detail))
+    return json.loads(lines[-1])

@@ -1,0 +1,83 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+"""Backend of the training_run module: params → request → one transport call → result.
+
+Uses only module.params, module.check_mode, module._diff and module.warn, so tests can pass a small stand-in.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.argument_spec import ArgumentSpec
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.lifecycle_shipping import (
+    run_lifecycle_remote)
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.run_config import build_request
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import (
+    Transport, TransportError, transport_argument_spec)
+
+STATES = ("started", "stopped", "restarted", "status")
+
+
+def default_python(transport):
+    # Locally the module's own interpreter surely exists; in a container python3 is the one to expect.
+    return sys.executable if transport == "local" else "python3"
+
+
+def argument_spec():
+    """training_run's options: the only place their defaults are declared (the docs are checked against it)."""
+    own = ArgumentSpec(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            state=dict(type="str", default="restarted", choices=list(STATES)),
+            python=dict(type="str"),
+            runs_root=dict(type="path", default="/workspace/runs"),
+            run_dir=dict(type="path"),
+            command=dict(type="list", elements="str"),
+            trainer_args=dict(type="dict", default={}),
+            env=dict(type="dict", default={}),
+            secret_env=dict(type="dict", default={}, no_log=True),
+            gpus=dict(type="list", elements="int", default=[]),
+            cwd=dict(type="path"),
+            force=dict(type="bool", default=False),
+            stop_timeout=dict(type="float", default=120),
+            gpu_release_timeout=dict(type="float", default=120),
+            gpu_memory_threshold_mib=dict(type="int", default=1024),
+            gpu_device_pattern=dict(type="str", default="/dev/nvidia{index}"),
+            settle_time=dict(type="float", default=0.5),
+            heartbeat_timeout=dict(type="float", default=120),
+            wait_for_phase=dict(type="str"),
+            phase_timeout=dict(type="float", default=600),
+            log_tail_lines=dict(type="int", default=40),
+            status_log_lines=dict(type="int", default=0),
+            lock_timeout=dict(type="float", default=900),
+            timeout=dict(type="float", default=3600),
+        ),
+        required_if=[("state", "started", ("command",)), ("state", "restarted", ("command",))],
+    )
+    return transport_argument_spec().merge(own)
+
+
+def manage_run(module):
+    p = module.params
+    try:
+        request = build_request(p, check_mode=module.check_mode, diff=getattr(module, "_diff", False))
+        transport = Transport.from_params(p)
+    except ValueError as exc:
+        raise ModuleFailure(str(exc))
+    try:
+        result = run_lifecycle_remote(transport, request, python=p["python"] or default_python(p["transport"]),
+                                      timeout=p["timeout"])
+    except TransportError as exc:
+        raise ModuleFailure(str(exc))
+    if result.pop("failed", False):
+        msg = result.pop("msg", "the lifecycle failed")
+        raise ModuleFailure("run %s: %s" % (p["name"], msg), **result)
+    if request["action"] == "started" and result.get("action") == "noop" and not result.get("same_config"):
+        module.warn("run %s is alive with another configuration; use state=restarted to apply the new one"
+                    % p["name"])
+    result.setdefault("changed", False)
+    return result
