@@ -23,6 +23,7 @@ attributes:
     details: Nothing runs in check mode; the result says whether O(creates)/O(removes) would skip it.
   diff_mode:
     support: none
+    details: An arbitrary command has no before and after to show; O(creates) and O(removes) say whether it runs.
 extends_documentation_fragment:
   - dflash.ops.transport
 options:
@@ -98,8 +99,20 @@ stderr:
   returned: when it ran
   type: str
   sample: ""
+stdout_lines:
+  description: Standard output split into lines.
+  returned: when it ran
+  type: list
+  elements: str
+  sample: ["GPU 0: NVIDIA H200"]
+stderr_lines:
+  description: Standard error split into lines.
+  returned: when it ran
+  type: list
+  elements: str
+  sample: []
 argv:
-  description: The full argument vector that was run on the host.
+  description: The full argument vector that was (or, in check mode, would be) run on the host.
   returned: always
   type: list
   elements: str

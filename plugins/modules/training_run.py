@@ -26,9 +26,12 @@ author: dflash.ops maintainers
 attributes:
   check_mode:
     support: full
-    description: Reports whether the run would be launched or stopped; starts and stops nothing.
+    description: Reports whether the run would be launched or stopped (and which runs a launch would stop);
+      starts and stops nothing.
   diff_mode:
-    support: none
+    support: full
+    description: Shows the run's configuration (fingerprint, argv, env, secret names, GPUs, cwd) and the runs alive
+      on its GPUs before and after; with check mode, what a restart or stop would change.
 extends_documentation_fragment:
   - dflash.ops.transport
 options:
@@ -171,74 +174,146 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+run:
+  description: The run's name.
+  returned: always
+  type: str
+  sample: slammed5
+run_dir:
+  description: The run's directory.
+  returned: always
+  type: str
+  sample: /workspace/runs/slammed5
 action:
-  description: What was done; V(launched), V(noop), V(stopped) or V(none).
+  description: What was done (or, in check mode, would be); V(launched), V(noop), V(stopped) or V(none).
   returned: state is not status
   type: str
   sample: launched
 pid:
-  description: The run's process (group leader) id.
-  returned: when the run is alive
+  description: The run's process (group leader) id; null when no process of the run is alive.
+  returned: state is status or stopped, when launched (not in check mode), or when a live run is kept
   type: int
   sample: 4242
 fingerprint:
-  description: Hash of argv, env, GPUs, secret names and cwd of the run.
-  returned: when launched or alive
+  description: Hash of argv, env, GPUs, secret names and cwd of the run (null when it never launched).
+  returned: state is status, when launched (not in check mode), or when a live run is kept
   type: str
   sample: 3f2a9c0d1e2b4a55
+same_config:
+  description: Whether the live run that was kept has the requested configuration.
+  returned: when a live run is kept (action V(noop))
+  type: bool
+  sample: true
 phase:
-  description: The trainer's phase from its heartbeat (V(dead) when its process is gone without finishing).
-  returned: success
+  description: The trainer's phase from its heartbeat (V(dead) when its process is gone without finishing,
+    V(never launched) when it has no launch record).
+  returned: state is status, or when launched (not in check mode)
   type: str
   sample: training
 heartbeat:
   description: The heartbeat written by the run's pid.
-  returned: when available
+  returned: state is status, when launched (not in check mode), or when a live run is kept
   type: dict
   sample: {pid: 4242, phase: training, step: 120, loss: 2.31, tokens_per_s: 51234.0, updated_at: 1764480000.5}
+log_path:
+  description: The run's current log file.
+  returned: state is not status
+  type: str
+  sample: /workspace/runs/slammed5/train.log
 stopped:
   description: Runs stopped first, each with the signal that ended it and the seconds waited.
-  returned: state is restarted or stopped
+  returned: state is not status
   type: list
   elements: dict
   sample: [{run: slammed4, pid: 4100, pgid: 4100, signal: SIGTERM, waited_s: 12.4}]
+would_stop:
+  description: Live runs (this one included) that the launch stops first, or would stop in check mode.
+  returned: when launched, or when a launch would happen in check mode
+  type: list
+  elements: str
+  sample: [slammed4]
+kept:
+  description: Previous log and launch files moved aside before the launch (never overwritten).
+  returned: state is not status
+  type: list
+  elements: str
+  sample: [/workspace/runs/slammed5/train.20261130-101500.log]
 gpu_wait:
   description: The GPU release wait; C(skipped) with a C(reason) when it could not be done.
-  returned: when launched
+  returned: when launched (not in check mode)
   type: dict
   sample: {gpus: [0, 1], skipped: true, reason: "GPU memory wait skipped: NVML could not start", waited_s: 0.0}
 timings:
-  description: Seconds per phase (lock, stop, gpu_wait, launch, verify).
-  returned: always
+  description: Seconds per phase (lock, stop, gpu_wait, launch, first_heartbeat, verify) that ran.
+  returned: state is not status
   type: dict
-  sample: {lock: 0.0, stop: 3.2, gpu_wait: 0.5, launch: 0.01, verify: 1.0}
+  sample: {lock: 0.0, stop: 3.2, gpu_wait: 0.5, launch: 0.01, first_heartbeat: 0.8, verify: 1.0}
 rc:
-  description: Exit status of a launched trainer that died during verification.
+  description: Exit status of a launched trainer that died during verification (127 when it could not run).
   returned: when failed after launch
   type: int
   sample: 1
 log_tail:
-  description: Last lines of the run's log.
-  returned: when failed, or with status_log_lines
+  description: Last lines of the run's log (O(log_tail_lines) on failure, O(status_log_lines) with V(status)).
+  returned: state is status, or when failed after launch
   type: list
   elements: str
   sample: ["Traceback (most recent call last):", "ValueError: --block-size must be >= 2"]
-kept:
-  description: Previous log and launch files moved aside before the launch.
-  returned: when launched
-  type: list
-  elements: str
-  sample: [/workspace/runs/slammed5/train.20261130-101500.log]
-heartbeat_age_s:
-  description: Seconds since the heartbeat was written.
-  returned: state is status and a heartbeat exists
-  type: float
-  sample: 1.4
 alive:
   description: Whether the run's process is alive.
   returned: state is status
   type: bool
   sample: true
+launched:
+  description: Whether the run has a launch record (C(launch.json)).
+  returned: state is status
+  type: bool
+  sample: true
+launched_at:
+  description: Unix time of the last launch (null when it never launched).
+  returned: state is status
+  type: float
+  sample: 1764480000.1
+heartbeat_age_s:
+  description: Seconds since the heartbeat was written.
+  returned: state is status and a heartbeat exists
+  type: float
+  sample: 1.4
+step:
+  description: Optimizer step from the heartbeat.
+  returned: state is status and a heartbeat exists
+  type: int
+  sample: 120
+epoch:
+  description: Epoch from the heartbeat.
+  returned: state is status and a heartbeat exists
+  type: int
+  sample: 0
+loss:
+  description: Last training loss from the heartbeat.
+  returned: state is status and a heartbeat exists
+  type: float
+  sample: 2.31
+tokens_per_s:
+  description: Training throughput from the heartbeat.
+  returned: state is status and a heartbeat exists
+  type: float
+  sample: 51234.0
+dead_since:
+  description: Unix time of the last heartbeat of a run whose process is gone without finishing.
+  returned: state is status and phase is V(dead) with a heartbeat
+  type: float
+  sample: 1764480000.5
+gpu_memory:
+  description: NVML's memory use and compute processes per GPU of the run; null without NVML or GPUs.
+  returned: state is status
+  type: dict
+  sample: {"0": {used_mib: 40210, processes: []}}
+gpu_memory_note:
+  description: Why O(gpus)' memory could not be read.
+  returned: state is status and gpu_memory is null
+  type: str
+  sample: no GPUs configured for this run
 """
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure

@@ -49,7 +49,7 @@ class Ansible(object):
         self.count = 0
         self.lock = threading.Lock()
 
-    def module(self, name, args, check=False):
+    def module(self, name, args, check=False, diff=False):
         with self.lock:
             self.count += 1
             data_dir = self.tmp / ("runner-%d" % self.count)
@@ -58,7 +58,7 @@ class Ansible(object):
         r = ansible_runner.run(
             private_data_dir=str(data_dir), playbook="play.yml", quiet=True,
             extravars={"module_args": args},
-            cmdline="--check" if check else None,
+            cmdline=" ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on) or None,
             envvars=dict(RUNNER_ENV, ANSIBLE_PYTHON_INTERPRETER=sys.executable),
             inventory="localhost ansible_connection=local",
             settings={"suppress_ansible_output": True},

@@ -75,6 +75,7 @@ def manage_run(module):
         raise ModuleFailure(str(exc))
     if result.pop("failed", False):
         msg = result.pop("msg", "the lifecycle failed")
+        result.update(run=request["run"], run_dir=request["run_dir"])
         raise ModuleFailure("run %s: %s" % (p["name"], msg), **result)
     if request["action"] == "started" and result.get("action") == "noop" and not result.get("same_config"):
         module.warn("run %s is alive with another configuration; use state=restarted to apply the new one"

@@ -1,0 +1,127 @@
+"""training_run's RETURN documents exactly what it returns, in every state; --diff shows what would change.
+
+Each scenario runs the real module (ansible-runner, local transport, the stand-in trainer as a real child).
+"""
+import os
+import signal
+import time
+
+import pytest
+import yaml
+from ansible_helpers import FAKE
+
+from ansible_collections.dflash.ops.plugins.modules import pct_exec, training_run
+
+pytestmark = pytest.mark.timeout(300)
+
+# Keys Ansible itself adds or that every module may return (not part of a module's RETURN).
+STANDARD = {"changed", "failed", "msg", "invocation", "warnings", "deprecations", "diff", "skipped",
+            "skip_reason", "exception", "_ansible_no_log", "_ansible_verbose_always"}
+
+
+def documented(module):
+    return yaml.safe_load(module.RETURN)
+
+
+def args(runs_root, name="r1", **extra):
+    a = {"name": name, "transport": "local", "runs_root": str(runs_root), "command": [FAKE],
+         "stop_timeout": 5, "heartbeat_timeout": 10}
+    a.update(extra)
+    return a
+
+
+def scenarios(ansible, runs_root):
+    """(label, ok, result) for every state and outcome of training_run."""
+    out = []
+
+    def call(label, module_args, want_ok=True, **kw):
+        ok, res = ansible.module("dflash.ops.training_run", module_args, **kw)
+        assert ok is want_ok, (label, res.get("msg"))
+        out.append((label, ok, res))
+        return res
+
+    call("status, never launched", args(runs_root, state="status"))
+    call("restart, check mode", args(runs_root, trainer_args={"tag": "a"}), check=True)
+    call("restart, launched", args(runs_root, trainer_args={"tag": "a"}))
+    call("restart, same config", args(runs_root, trainer_args={"tag": "a"}))
+    call("started, other config kept", args(runs_root, state="started", trainer_args={"tag": "b"}))
+    call("status, alive", args(runs_root, state="status", status_log_lines=3))
+    call("stopped", args(runs_root, state="stopped"))
+    call("stopped, nothing alive", args(runs_root, state="stopped"))
+    call("status, finished", args(runs_root, state="status"))
+    killed = call("restart, then killed", args(runs_root, name="r2"))
+    os.kill(killed["pid"], signal.SIGKILL)
+    time.sleep(0.3)
+    call("status, dead", args(runs_root, name="r2", state="status"))
+    call("restart, crash", args(runs_root, name="r3", trainer_args={"crash": 3}), want_ok=False)
+    call("restart, no heartbeat", args(runs_root, name="r4", trainer_args={"no_heartbeat": True},
+                                       heartbeat_timeout=1), want_ok=False)
+    return out
+
+
+def test_return_documents_exactly_the_returned_keys(ansible, runs_root):
+    doc = documented(training_run)
+    results = scenarios(ansible, runs_root)
+    returned = set()
+    for label, ok, res in results:
+        keys = set(res) - STANDARD
+        assert keys <= set(doc), "%s returned undocumented keys %s" % (label, sorted(keys - set(doc)))
+        returned |= keys
+        missing = [k for k, v in doc.items() if v["returned"] == "always" and k not in res]
+        assert not missing, "%s lacks keys documented as always returned: %s" % (label, missing)
+    assert returned == set(doc), "documented but never returned: %s" % sorted(set(doc) - returned)
+    by_label = dict((label, res) for label, _, res in results)
+    # The conditions that decide the trickier keys, as RETURN states them.
+    assert "pid" not in by_label["restart, check mode"] and "would_stop" in by_label["restart, check mode"]
+    assert by_label["status, dead"]["phase"] == "dead" and "dead_since" in by_label["status, dead"]
+    assert "dead_since" not in by_label["status, alive"]
+    assert "heartbeat_age_s" not in by_label["status, never launched"]
+    assert by_label["restart, crash"]["rc"] == 3 and by_label["restart, crash"]["log_tail"]
+
+
+def test_pct_exec_return_documents_exactly_the_returned_keys(ansible, tmp_path):
+    doc = documented(pct_exec)
+    marker = tmp_path / "made"
+    returned = set()
+    for module_args, check in (({"argv": ["touch", str(marker)], "creates": str(marker)}, True),
+                               ({"argv": ["touch", str(marker)], "creates": str(marker)}, False),
+                               ({"argv": ["touch", str(marker)], "creates": str(marker)}, False),
+                               ({"argv": ["false"], "expected_rc": [0]}, False)):
+        _, res = ansible.module("dflash.ops.pct_exec", dict(module_args, transport="local"), check=check)
+        keys = set(res) - STANDARD
+        assert keys <= set(doc), "undocumented keys %s" % sorted(keys - set(doc))
+        returned |= keys
+    assert returned == set(doc), "documented but never returned: %s" % sorted(set(doc) - returned)
+
+
+def test_diff_shows_the_configuration_change_and_the_runs_that_would_stop(ansible, runs_root):
+    ok, first = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "a"}, gpus=[0],
+                                                               gpu_device_pattern=str(runs_root / "nv{index}")))
+    assert ok, first.get("msg")
+    ok, other = ansible.module("dflash.ops.training_run", args(runs_root, name="r2", trainer_args={"tag": "b"},
+                                                               gpus=[0, 1],
+                                                               gpu_device_pattern=str(runs_root / "nv{index}")),
+                               check=True, diff=True)
+    assert ok and other["changed"], other.get("msg")
+    before, after = other["diff"]["before"], other["diff"]["after"]
+    assert before["alive"] is False and before["fingerprint"] is None
+    assert before["alive_on_its_gpus"] == ["r1"], "r1 shares GPU 0 and would be stopped"
+    assert after["alive"] is True and after["alive_on_its_gpus"] == ["r2"] and after["gpus"] == [0, 1]
+    assert after["argv"] == [FAKE, "--tag=b"]
+    assert os.path.exists(str(runs_root / "r1" / "pid")) and not (runs_root / "r2").exists(), "check mode acts"
+
+    ok, same = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "a"}, gpus=[0],
+                                                              gpu_device_pattern=str(runs_root / "nv{index}")),
+                              check=True, diff=True)
+    assert ok and not same["changed"] and same["diff"]["before"] == same["diff"]["after"]
+
+    ok, changed = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "c"}, gpus=[0],
+                                                                 gpu_device_pattern=str(runs_root / "nv{index}")),
+                                 check=True, diff=True)
+    before, after = changed["diff"]["before"], changed["diff"]["after"]
+    assert ok and changed["changed"] and before["fingerprint"] == first["fingerprint"] != after["fingerprint"]
+    assert (before["argv"], after["argv"]) == ([FAKE, "--tag=a"], [FAKE, "--tag=c"])
+
+    ok, stop = ansible.module("dflash.ops.training_run", args(runs_root, state="stopped"), check=True, diff=True)
+    assert ok and stop["changed"] and stop["diff"]["before"]["alive"] and not stop["diff"]["after"]["alive"]
+    assert stop["diff"]["after"]["alive_on_its_gpus"] == []
