@@ -31,15 +31,15 @@ def tr(play, name, **opts):
 
 
 def launched(r):
-    res = r.task("training_run")
-    assert r.outcome("training_run") == "ok", (res, r.stdout[-3000:])
+    res = r.task("Training run")
+    assert r.outcome("Training run") == "ok", (res, r.stdout[-3000:])
     assert res["action"] == "launched", res
     return res
 
 
 def failed(r):
-    res = r.task("training_run")
-    assert r.outcome("training_run") == "failed", (res, r.stdout[-3000:])
+    res = r.task("Training run")
+    assert r.outcome("Training run") == "failed", (res, r.stdout[-3000:])
     return res
 
 
@@ -204,12 +204,12 @@ def test_concurrent_restarts_are_serialized(play, ct200):
     time.sleep(0.5)
     alive = ct200.pids("fake_trainer")
     print(f"\nconcurrent restarts: launched {pids}, alive after {alive}, lock waits "
-          f"{[results[n].task('training_run')['timings'].get('lock') for n in results]}")
+          f"{[results[n].task('Training run')['timings'].get('lock') for n in results]}")
     assert len(alive) == 1 and alive[0] in pids.values()
     winner = next(n for n, p in pids.items() if p == alive[0])
     loser = next(n for n in pids if n != winner)
     # serialized: the later restart saw the earlier run and stopped it (they share GPU 0)
-    assert pids[loser] in stopped(results[winner].task("training_run")), results[winner].task("training_run")
+    assert pids[loser] in stopped(results[winner].task("Training run")), results[winner].task("Training run")
 
 
 def test_ssh_drop_after_launch_keeps_the_run(harness_env, sshd, ct200):
@@ -233,7 +233,7 @@ def test_ssh_drop_after_launch_keeps_the_run(harness_env, sshd, ct200):
     time.sleep(1)
     assert ct200.pids("fake_trainer") == [pid], "the run died with the ssh session"
     r = run_playbook(harness_env, PLAY, {"tr": {"name": "dropped", "state": "status"}})
-    st = r.task("training_run")
+    st = r.task("Training run")
     assert st["alive"] is True and st["pid"] == pid, st
 
 
@@ -244,7 +244,7 @@ def test_container_restart_reports_dead_run(play, sshd, ct200):
     assert sshd.ssh("pct stop 200").returncode == 0
     assert sshd.ssh("pct start 200").returncode == 0
     lxc.wait_ready("200")
-    st = tr(play, "reboot", state="status").task("training_run")
+    st = tr(play, "reboot", state="status").task("Training run")
     assert st["alive"] is False and st.get("phase") == "dead", st
     assert abs(float(st["dead_since"]) - last) < 2, (st, last)
     assert st["heartbeat_age_s"] > 0

@@ -44,8 +44,8 @@ def test_training_run_leaves_exactly_one_process(play, ct200):
             "name": "regress", "command": ["python3", FAKE_TRAINER_CT], "force": True,
             "settle_time": 0.5, "heartbeat_timeout": 20, "stop_timeout": 10, "gpu_release_timeout": 5}})
         secs.append(r.seconds)
-        res = r.task("training_run")
-        assert r.rc == 0 and r.outcome("training_run") == "ok", (res, r.stdout[-3000:])
+        res = r.task("Training run")
+        assert r.rc == 0 and r.outcome("Training run") == "ok", (res, r.stdout[-3000:])
         assert res["action"] == "launched" and res["changed"] is True
         time.sleep(0.3)
         alive = ct200.pids("fake_trainer.py")
