@@ -1,10 +1,10 @@
-"""Playbooks, role and collection metadata: syntax, docs, argument specs, build, and the playbook-level
-idempotence (check, run, check again, run again) through ansible-runner with the local inventory."""
+"""Playbooks, role and collection metadata: syntax, docs, argument specs, and the playbook-level
+idempotence (check, run, check again, run again) through ansible-runner with the local inventory. The built
+tarball: test_collection_tarball.py."""
 import json
 import os
 import subprocess
 import sys
-import tarfile
 
 import pytest
 import yaml
@@ -40,16 +40,6 @@ def test_role_defaults_match_argument_specs():
         spec = yaml.safe_load(f)["argument_specs"]["main"]["options"]
     assert set(defaults) == set(spec)
     assert all(name.startswith("training_") for name in defaults)
-
-
-def test_collection_build_keeps_trainer_and_leaves_out_venv(tmp_path):
-    proc = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path",
-                           str(tmp_path), ROOT], env=ENV, capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    with tarfile.open(str(tmp_path / "dflash-ops-0.1.0.tar.gz")) as tar:
-        names = tar.getnames()
-    assert "plugins/modules/training_run.py" in names and "trainer/pyproject.toml" in names
-    assert not [n for n in names if n.startswith((".venv", ".collections")) or "__pycache__" in n]
 
 
 def _play(tmp_path, playbook, extravars, check=False, n=[0]):
