@@ -20,9 +20,9 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.container impor
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import TransportError
 
 PACKAGE = "dflash_lifecycle"
-ENTRY = PACKAGE + ".run_lifecycle"
+ENTRY = PACKAGE + ".run_lifecycle"  # the default entry module
 
-# Serves {module name: source} from stdin as package PACKAGE, imports ENTRY and calls main(request).
+# Serves {module name: source} from stdin as package PACKAGE, imports the entry module and calls main(request).
 BOOTSTRAP = (
     "import importlib.abc,importlib.util,json,sys\n"
     "d=json.load(sys.stdin);S=d['sources']\n"
@@ -48,9 +48,13 @@ def sources():
     return _SOURCES
 
 
-def run_lifecycle_remote(transport, request, python="python3", timeout=None):
-    """Run the lifecycle at the transport's target; return its result dict."""
-    stdin = json.dumps({"sources": sources(), "package": PACKAGE, "entry": ENTRY, "request": request})
+def run_lifecycle_remote(transport, request, python="python3", timeout=None, entry="run_lifecycle"):
+    """Call main(request) of the in-container module `entry` at the transport's target; return its result dict.
+
+    Every entry module's main() prints one JSON line: the result, with failed/msg on a refusal.
+    """
+    stdin = json.dumps({"sources": sources(), "package": PACKAGE, "entry": PACKAGE + "." + entry,
+                        "request": request})
     rc, out, err = transport.run([python, "-c", BOOTSTRAP], stdin_data=stdin, timeout=timeout)
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if rc != 0 or not lines:
