@@ -152,6 +152,50 @@ class Transport(object):
             self._raise_for_pct(proc.returncode, err)
         return proc.returncode, out, err
 
+    def push(self, local_path, dest_path, timeout=None):
+        """Copy one file of the managed host to dest_path at the target (``pct push``; locally a plain copy).
+
+        Both paths must be absolute (so neither can be read as an option); dest's directory must exist.
+        """
+        for what, path in (("local path", local_path), ("destination", dest_path)):
+            if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+                raise ValueError("%s must be an absolute path, got %r" % (what, path))
+        if dest_path.endswith("/"):
+            raise ValueError("destination must be a full file path, not a directory: %r" % dest_path)
+        if not os.path.isfile(local_path):
+            raise TransportError("cannot push %s: no such file on the managed host" % local_path)
+        if self.mode == "local":
+            tmp = "%s.push.%d" % (dest_path, os.getpid())
+            try:
+                shutil.copyfile(local_path, tmp)
+                os.replace(tmp, dest_path)
+            except OSError as exc:
+                raise TransportError("could not copy %s to %s: %s" % (local_path, dest_path, exc))
+            return
+        argv = self.push_argv(local_path, dest_path)
+        try:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  start_new_session=True, close_fds=True, timeout=timeout)
+        except FileNotFoundError as exc:
+            raise PctNotFound("pct could not be executed (%s): is this the Proxmox host?" % exc)
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout("pct push of %s did not finish within %ss" % (local_path, timeout))
+        err = proc.stderr.decode("utf-8", "replace")
+        if proc.returncode != 0:
+            self._raise_for_pct(proc.returncode, err)
+            if "can only push files to a running CT" in err:
+                raise ContainerNotRunning("container %s is not running: start it with `pct start %s`, then run "
+                                          "this again" % (self.vmid, self.vmid))
+            detail = (err.strip().splitlines() or ["no output"])[-1]
+            raise TransportError("pct push %s to %s in %s failed (exit %s): %s"
+                                 % (local_path, dest_path, self.describe(), proc.returncode, detail))
+
+    def push_argv(self, local_path, dest_path):
+        """``pct push <vmid> <file> <dest>``: every value its own argv element (pct mode only)."""
+        if self.mode != "pct":
+            raise ValueError("push_argv is for transport=pct")
+        return [self._pct_binary(), "push", str(self.vmid), local_path, dest_path]
+
     def _raise_for_pct(self, rc, err):
         """pct's own refusals come before the command runs; map them to one-line errors."""
         vmid = self.vmid
