@@ -16,12 +16,14 @@ description:
   - With O(transport=local) the same command runs on the managed host itself.
   - Fails on a non-zero exit status unless O(expected_rc) includes it.
 version_added: 0.1.0
-author: dflash.ops maintainers
+author: dflash.ops maintainers (!UNKNOWN)
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: partial
     details: Nothing runs in check mode; the result says whether O(creates)/O(removes) would skip it.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
     details: An arbitrary command has no before and after to show; O(creates) and O(removes) say whether it runs.
 extends_documentation_fragment:

@@ -22,7 +22,7 @@ description:
     checkpoints are kept (older C(train.log) files are renamed, never overwritten).
   - Secrets in O(secret_env) travel on stdin, never in an argument vector, a log or C(launch.json).
 version_added: 0.1.0
-author: dflash.ops maintainers
+author: dflash.ops maintainers (!UNKNOWN)
 attributes:
   check_mode:
     support: full

@@ -18,14 +18,16 @@ class ArgumentSpec(object):
 
     def __init__(self, argument_spec=None, **constraints):
         unknown = set(constraints) - set(self.KEYS)
-        assert not unknown, "unknown constraint keys %s" % sorted(unknown)
+        if unknown:
+            raise TypeError("unknown constraint keys %s" % sorted(unknown))
         self.argument_spec = dict(argument_spec or {})
         self.constraints = dict((key, list(constraints.get(key) or [])) for key in self.KEYS)
 
     def merge(self, other):
         """Add other's options and constraints; an option declared twice is a programming error."""
         clash = set(self.argument_spec) & set(other.argument_spec)
-        assert not clash, "options declared twice: %s" % sorted(clash)
+        if clash:
+            raise TypeError("options declared twice: %s" % sorted(clash))
         self.argument_spec.update(other.argument_spec)
         for key in self.KEYS:
             self.constraints[key].extend(other.constraints[key])

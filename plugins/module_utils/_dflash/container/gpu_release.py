@@ -60,9 +60,9 @@ def check_gpus_exist(gpus):
         pynvml.nvmlShutdown()
     missing = [g for g in gpus if g >= count]
     if missing:
+        names = ",".join(str(g) for g in missing)
         raise ValueError("GPU %s does not exist here: NVML sees %d GPUs (0-%d); fix the run's GPU lists "
-                         "(dflash_target_gpus / dflash_drafter_gpus)" % (",".join(map(str, missing)), count,
-                                                                          count - 1))
+                         "(dflash_target_gpus / dflash_drafter_gpus)" % (names, count, count - 1))
 
 
 def _busy(snapshot, threshold_mib):

@@ -313,7 +313,7 @@ def _config_view(launch_info):
 
 def run_diff(req, runs, own_pid, own_launch, same):
     """Ansible's before/after of this request: the run's configuration, and which runs are alive on its GPUs."""
-    alive = [name for name, _ in runs]
+    alive = [name for name, _pid in runs]
     before = {"alive": own_pid is not None, "alive_on_its_gpus": alive}
     before.update(_config_view(own_launch if own_pid is not None else None))
     if req["action"] == "stopped":
@@ -365,7 +365,7 @@ def _change(req, timings):
             check_gpus_exist(req.get("gpus") or [])
         except ValueError as exc:
             raise LifecycleError(str(exc))
-        result.update(changed=True, action="launched", would_stop=[n for n, _ in runs])
+        result.update(changed=True, action="launched", would_stop=[name for name, _pid in runs])
         if check:
             return result
         result["stopped"] = _timed(timings, "stop", _stop_all, req, runs)
@@ -402,4 +402,3 @@ def main(req):
         out = {"failed": True, "msg": "lifecycle error: %s: %s" % (type(exc).__name__, exc)}
     sys.stdout.write(json.dumps(out, default=str) + "\n")
     sys.stdout.flush()
-

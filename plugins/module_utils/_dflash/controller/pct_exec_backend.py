@@ -36,8 +36,7 @@ def argument_spec():
 
 def _path_exists(transport, path, timeout):
     # `test -e` runs without a shell; the path is one argv element.
-    rc, _, _ = transport.run(["test", "-e", path], timeout=timeout)
-    return rc == 0
+    return transport.run(["test", "-e", path], timeout=timeout)[0] == 0
 
 
 def run_command(module):
@@ -69,5 +68,5 @@ def run_command(module):
     if rc not in p["expected_rc"]:
         tail = (err.strip() or out.strip()).splitlines()[-1:] or ["no output"]
         raise ModuleFailure("command exited with status %d in %s: %s" % (rc, transport.describe(), tail[0]),
-                           **result)
+                            **result)
     return result
