@@ -141,6 +141,36 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+STAGED_MANIFEST = ".dflash-manifest.json"  # written last by dflash.ops.model_weights (the collection's README)
+
+
+def check_staged_manifest(target_model: str) -> None:
+    """A --target-model staged by the collection has a manifest; it must be complete (complete: true, every file it
+    lists present with its size). A directory without one (a tiny or hand-made target) is accepted as it is."""
+    path = os.path.join(target_model, STAGED_MANIFEST)
+    if not os.path.lexists(path):
+        return
+    fix = "re-run stage_weights (ansible-playbook playbooks/stage_weights.yml)"
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+        complete = manifest.get("complete") is True and isinstance(files, dict)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise StartupError(f"--target-model {target_model}: {STAGED_MANIFEST} is unreadable; {fix}") from None
+    if not complete:
+        raise StartupError(f"--target-model {target_model} is a partial stage (its manifest is not complete); {fix}")
+    for rel, entry in sorted(files.items()):
+        try:
+            size = os.stat(os.path.join(target_model, rel)).st_size
+        except OSError:
+            raise StartupError(f"--target-model {target_model} is missing {rel}, listed in its manifest; {fix}") \
+                from None
+        if size != entry.get("size"):
+            raise StartupError(f"--target-model {target_model}: {rel} has {size} bytes, its manifest says "
+                               f"{entry.get('size')}; {fix}")
+
+
 def validate_paths(cfg: TrainConfig) -> dict:
     """Checks that only need the filesystem (no torch); returns the target's config.json.
 
@@ -149,6 +179,7 @@ def validate_paths(cfg: TrainConfig) -> dict:
     if not os.path.isdir(cfg.target_model):
         raise StartupError(f"--target-model {cfg.target_model} is not a directory; "
                          "pass the local directory of the target model (dflash-make-tiny builds a tiny one)")
+    check_staged_manifest(cfg.target_model)
     config_path = os.path.join(cfg.target_model, "config.json")
     if not os.path.isfile(config_path):
         raise StartupError(f"--target-model {cfg.target_model} has no config.json; pass a HF model directory")

@@ -270,7 +270,7 @@ def stage(req):
         raise RefusedError("%s does not exist in the container; create it or choose another dest" % parent)
     source_files = scan_source(req["source"])
     algorithm = hash_algorithm()
-    result = {"dest": dest, "source": req["source"], "hash_algorithm": algorithm, "copied": [], "linked": [],
+    result = {"staged": dest, "source": req["source"], "hash_algorithm": algorithm, "copied": [], "linked": [],
               "removed": [], "mismatched": [], "verified": [], "cleaned": [], "bytes_copied": 0,
               "files_total": len(source_files), "bytes_total": sum(f["size"] for f in source_files.values()),
               "manifest": os.path.join(dest, MANIFEST_NAME)}

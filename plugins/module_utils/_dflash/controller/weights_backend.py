@@ -78,7 +78,7 @@ def stage_weights(module):
         raise ModuleFailure(str(exc))
     if result.pop("failed", False):
         msg = result.pop("msg", "staging failed")
-        raise ModuleFailure("model_weights %s: %s" % (request["dest"], msg), dest=request["dest"], **result)
+        raise ModuleFailure("model_weights %s: %s" % (request["dest"], msg), staged=request["dest"], **result)
     if not getattr(module, "_diff", False):
         result.pop("diff", None)
     result.setdefault("changed", False)
