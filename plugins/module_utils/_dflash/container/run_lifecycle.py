@@ -59,6 +59,14 @@ def _read_pid(run_dir):
         return None
 
 
+def own_heartbeat(run_dir):
+    """The heartbeat written by the run's last launched process (its pid file), else None: a heartbeat left by an
+    earlier launch says nothing about the current one."""
+    hb = _read_json(os.path.join(run_dir, "heartbeat.json"))
+    pid = _read_pid(run_dir)
+    return hb if hb is not None and pid is not None and hb.get("pid") == pid else None
+
+
 def log_tail(path, lines):
     try:
         with open(path, "rb") as f:
@@ -123,6 +131,7 @@ class Lock(object):
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
             if time.monotonic() > deadline:
+                os.close(self.fd)
                 raise LifecycleError("another restart/stop of this container held %s for %ss; wait for it to "
                                      "finish (or raise lock_timeout)" % (self.path, self.timeout_s))
             time.sleep(POLL_S)
@@ -132,12 +141,14 @@ class Lock(object):
 
 
 def _unique_path(path):
+    """path, or path with .N before its extension (train.<stamp>.1.log): kept files still match train.*.log."""
     if not os.path.exists(path):
         return path
+    base, ext = os.path.splitext(path)
     n = 1
-    while os.path.exists("%s.%d" % (path, n)):
+    while os.path.exists("%s.%d%s" % (base, n, ext)):
         n += 1
-    return "%s.%d" % (path, n)
+    return "%s.%d%s" % (base, n, ext)
 
 
 def _keep_previous(run_dir, now):
@@ -259,7 +270,7 @@ def _wait_exit(proc, timeout):
 def status(req):
     run_dir = req["run_dir"]
     pid, launch_info = live_run(run_dir)
-    hb = _read_json(os.path.join(run_dir, "heartbeat.json"))
+    hb = own_heartbeat(run_dir)
     now = time.time()
     out = {"run": req["run"], "run_dir": run_dir, "alive": pid is not None, "pid": pid,
            "launched": launch_info is not None, "fingerprint": (launch_info or {}).get("fingerprint"),
@@ -329,6 +340,15 @@ def run_diff(req, runs, own_pid, own_launch, same):
     return {"before": before, "after": after, "before_header": label, "after_header": label}
 
 
+def _stopped_after_failed_verify(req, proc, exc):
+    """A launch that failed its proof must not live on as an unverified run: stop it, and say so."""
+    if proc.poll() is not None:
+        return exc
+    info = stop_group(proc.pid, req["stop_timeout"])
+    return LifecycleError("%s; the new process (pid %d) was stopped with %s" % (exc, proc.pid, info.get("signal")),
+                          **exc.facts)
+
+
 def change(req):
     """started / restarted / stopped, under the container's lock."""
     timings = {}
@@ -348,7 +368,9 @@ def _change(req, timings):
     with Lock(req["runs_root"], req["lock_timeout"]):
         timings["lock"] = round(time.monotonic() - t_lock, 3)
         runs, own_pid, own_launch = conflicting_runs(req)
-        same = own_pid is not None and (own_launch or {}).get("fingerprint") == req.get("fingerprint")
+        own_hb = own_heartbeat(req["run_dir"]) if own_pid is not None else None
+        # Same configuration AND proven live by its own heartbeat; an unverified process is replaced.
+        same = own_hb is not None and (own_launch or {}).get("fingerprint") == req.get("fingerprint")
         if req.get("diff"):
             result["diff"] = run_diff(req, runs, own_pid, own_launch, same)
         if action == "stopped":
@@ -359,7 +381,7 @@ def _change(req, timings):
             return result
         if own_pid is not None and (action == "started" or (same and not req.get("force"))):
             result.update(action="noop", pid=own_pid, fingerprint=(own_launch or {}).get("fingerprint"),
-                          same_config=same, heartbeat=_read_json(os.path.join(req["run_dir"], "heartbeat.json")))
+                          same_config=same, heartbeat=own_hb)
             return result
         try:
             check_gpus_exist(req.get("gpus") or [])
@@ -381,7 +403,10 @@ def _change(req, timings):
         result["pid"] = proc.pid
         result["fingerprint"] = req["fingerprint"]
         # Still under the lock: a concurrent restart must not stop this launch before it is proven live.
-        result["heartbeat"] = _timed(timings, "verify", verify, req, proc, timings)
+        try:
+            result["heartbeat"] = _timed(timings, "verify", verify, req, proc, timings)
+        except LifecycleError as exc:
+            raise _stopped_after_failed_verify(req, proc, exc)
     result["phase"] = result["heartbeat"].get("phase")
     return result
 

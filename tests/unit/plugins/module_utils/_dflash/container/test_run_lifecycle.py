@@ -129,7 +129,7 @@ def test_force_restarts_and_keeps_every_previous_log(runs_root):
     logs = sorted(p.name for p in run_dir.iterdir() if p.name.startswith("train."))
     assert len(logs) == 3 and "train.log" in logs
     kept = [n for n in logs if n != "train.log"]
-    assert all(n.startswith("train.2") for n in kept)  # train.<UTC stamp>.log (…log.N on a clash)
+    assert all(n.startswith("train.2") and n.endswith(".log") for n in kept)  # train.<stamp>[.N].log
     for pid in pids:  # each start's log is in exactly one file, with its SIGTERM checkpoint when it was stopped
         holders = [n for n in logs if "fake_trainer pid=%d " % pid in (run_dir / n).read_text()]
         assert len(holders) == 1
@@ -288,8 +288,30 @@ def test_no_heartbeat_within_heartbeat_timeout_fails_naming_the_heartbeat(runs_r
     assert 0.5 <= time.monotonic() - t0 < 5  # settle_time + heartbeat_timeout
     msg = str(exc.value)
     assert "heartbeat" in msg and "within 0.4s" in msg
-    assert exc.value.facts["pid"] == read_pid(runs_root)
+    pid = exc.value.facts["pid"]
+    assert pid == read_pid(runs_root)
     assert not (runs_root / "r1" / "heartbeat.json").exists()
+    # A launch that failed its proof does not live on as an unverified run.
+    assert "the new process (pid %d) was stopped with SIGTERM" % pid in msg
+    wait_dead(pid)
+
+
+def test_a_stale_heartbeat_of_an_earlier_launch_is_never_reported_as_the_run(runs_root):
+    first = run_lifecycle.change(make_req(runs_root))["pid"]
+    run_lifecycle.change(make_req(runs_root, state="stopped"))
+    assert json.loads((runs_root / "r1" / "heartbeat.json").read_text())["pid"] == first  # left behind
+    with pytest.raises(run_lifecycle.LifecycleError):
+        run_lifecycle.change(make_req(runs_root, trainer_args={"interval": 0.05, "crash": 4}))
+    status = run_lifecycle.status(make_req(runs_root, state="status"))
+    assert status["phase"] == "dead" and status["heartbeat"] is None and "step" not in status
+
+
+def test_kept_logs_of_the_same_second_keep_the_log_extension(runs_root):
+    run_dir = runs_root / "r1"
+    run_dir.mkdir(parents=True)
+    taken = run_dir / "train.20261130-101500.log"
+    taken.write_text("older")
+    assert run_lifecycle._unique_path(str(taken)) == str(run_dir / "train.20261130-101500.1.log")
 
 
 def test_wait_for_phase_that_never_comes_fails_after_phase_timeout(runs_root):
