@@ -183,7 +183,7 @@ def build(req, source_files, state, actions, algorithm, result):
     """Make the new version in a temp sibling; return its final path. Removes the temp dir on any error."""
     dest, source, threads = req["dest"], req["source"], req["threads"]
     base, manifest = state[1], state[2]
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-%d" % os.getpid()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-%d" % time.time_ns()  # unique per staging
     tmp = _sibling(dest, "tmp-%d-%s" % (os.getpid(), stamp))
     os.mkdir(tmp, 0o755)
     try:
@@ -268,6 +268,9 @@ def stage(req):
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise RefusedError("%s does not exist in the container; create it or choose another dest" % parent)
+    if os.path.ismount(dest):
+        raise RefusedError("%s is a mount point; stage into a directory inside it (e.g. %s/<model name>)"
+                           % (dest, dest))
     source_files = scan_source(req["source"])
     algorithm = hash_algorithm()
     result = {"staged": dest, "source": req["source"], "hash_algorithm": algorithm, "copied": [], "linked": [],

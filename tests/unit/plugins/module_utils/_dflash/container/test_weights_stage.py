@@ -1,0 +1,261 @@
+"""container/weights_stage called directly on real directories, with requests built by weights_backend.build_request
+from model_weights' own defaults: plan, no-op, one changed shard, adoption, kill mid-copy, room and live-run
+refusals, verify=full, and the manifest dflash-train reads."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import (
+    weights_guards, weights_manifest, weights_stage)
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import weights_backend
+
+COLLECTIONS = os.path.dirname(os.path.abspath(weights_stage.__file__))
+for _ in range(7):  # container → … → ansible_collections → the directory on sys.path
+    COLLECTIONS = os.path.dirname(COLLECTIONS)
+MB = 1 << 20
+
+
+def write(path, size, seed=0):
+    os.makedirs(os.path.dirname(str(path)), exist_ok=True)
+    with open(str(path), "wb") as f:
+        f.write(bytes((i * 131 + seed) % 251 for i in range(251)) * (size // 251) + b"x" * (size % 251))
+
+
+@pytest.fixture
+def model(tmp_path):
+    src = tmp_path / "store" / "M"
+    write(src / "config.json", 50)
+    write(src / "tokenizer.json", 3000)
+    write(src / "model-00001-of-00002.safetensors", 3 * MB, seed=1)
+    write(src / "model-00002-of-00002.safetensors", 2 * MB, seed=2)
+    write(src / ".cache" / "huggingface" / "x.lock", 1)  # skipped: dot-names
+    (tmp_path / "shm").mkdir()
+    return src
+
+
+def req(tmp_path, **params):
+    p = weights_backend.argument_spec().defaults()
+    p.update(source=str(tmp_path / "store" / "M"), dest=str(tmp_path / "shm" / "M"), transport="local",
+             runs_root=str(tmp_path / "runs"), lock_timeout=5)
+    check_mode, diff = params.pop("check_mode", False), params.pop("diff", False)
+    p.update(params)
+    return weights_backend.build_request(p, check_mode=check_mode, diff=diff)
+
+
+def stage(tmp_path, **params):
+    return weights_stage.stage(req(tmp_path, **params))
+
+
+def staged_files(dest):
+    return dict((rel, open(os.path.join(dest, rel), "rb").read()) for rel in weights_stage.scan_files(dest))
+
+
+def source_files(src):
+    return dict((rel, open(os.path.join(str(src), rel), "rb").read()) for rel in weights_manifest.scan_source(str(src)))
+
+
+def siblings(tmp_path):
+    return sorted(os.listdir(str(tmp_path / "shm")))
+
+
+def test_first_stage_copies_everything_behind_a_symlink_with_a_complete_manifest(tmp_path, model):
+    dest = str(tmp_path / "shm" / "M")
+    res = stage(tmp_path)
+    assert res["changed"] and res["linked"] == [] and res["bytes_copied"] == res["bytes_total"] == 5 * MB + 3050
+    assert res["copied"] == ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                             "tokenizer.json"]
+    assert os.path.islink(dest) and os.path.realpath(dest) == res["version"]
+    assert staged_files(dest) == source_files(model)
+    manifest = weights_manifest.read_manifest(dest)
+    assert manifest["complete"] is True and manifest["hash"] == res["hash_algorithm"] == "xxh3_128"
+    assert manifest["files"]["config.json"]["hash"] == weights_manifest.hash_file(str(model / "config.json"),
+                                                                                  "xxh3_128")
+    assert siblings(tmp_path) == [".M.lock", os.path.basename(res["version"]), "M"]
+    # what dflash-train checks at start (it does not import the collection; same format, its own reader)
+    from dflash_trainer.config import check_staged_manifest
+    check_staged_manifest(dest)
+
+
+def test_check_mode_plans_and_writes_nothing(tmp_path, model):
+    res = stage(tmp_path, check_mode=True, diff=True)
+    assert res["changed"] and res["bytes_copied"] == 5 * MB + 3050 and len(res["copied"]) == 4
+    assert "model-00001-of-00002.safetensors %d\n" % (3 * MB) in res["diff"]["after"] and res["diff"]["before"] == ""
+    assert siblings(tmp_path) == []
+
+
+def test_unchanged_source_is_a_noop_that_reads_no_shard(tmp_path, model):
+    first = stage(tmp_path)
+    os.chmod(str(model / "model-00001-of-00002.safetensors"), 0)  # reading it would now fail (when not root)
+    for check_mode in (True, False):
+        res = stage(tmp_path, check_mode=check_mode)
+        assert not res["changed"] and res["copied"] == res["linked"] == [] and res["bytes_copied"] == 0, res
+        assert res["version"] == first["version"]
+    assert siblings(tmp_path) == [".M.lock", os.path.basename(first["version"]), "M"]
+
+
+def test_one_changed_shard_is_the_only_one_copied(tmp_path, model):
+    first = stage(tmp_path)
+    shard = "model-00002-of-00002.safetensors"
+    write(model / shard, 2 * MB + 7, seed=9)
+    res = stage(tmp_path, diff=True)
+    assert res["changed"] and res["copied"] == [shard] and res["bytes_copied"] == 2 * MB + 7
+    assert sorted(res["linked"]) == ["config.json", "model-00001-of-00002.safetensors", "tokenizer.json"]
+    dest = str(tmp_path / "shm" / "M")
+    assert staged_files(dest) == source_files(model)
+    # linked, not copied: the unchanged shard is the same inode as in the first version (which is gone)
+    assert os.stat(os.path.join(dest, "config.json")).st_nlink == 1 and not os.path.exists(first["version"])
+    assert "%s %d\n" % (shard, 2 * MB) in res["diff"]["before"] and "%s %d\n" % (shard, 2 * MB + 7) in \
+        res["diff"]["after"]
+
+
+def test_same_size_new_content_is_found_by_content_and_a_removed_file_is_dropped(tmp_path, model):
+    stage(tmp_path)
+    shard = "model-00001-of-00002.safetensors"
+    write(model / shard, 3 * MB, seed=5)  # same size, new mtime and content
+    os.unlink(str(model / "tokenizer.json"))
+    res = stage(tmp_path)
+    assert res["copied"] == [shard] and res["mismatched"] == [shard] and res["removed"] == ["tokenizer.json"]
+    assert staged_files(str(tmp_path / "shm" / "M")) == source_files(model)
+
+
+def test_hand_made_stage_is_adopted_without_copying_what_matches(tmp_path, model):
+    dest = tmp_path / "shm" / "M"
+    subprocess.run(["cp", "-r", str(model), str(dest)], check=True)  # today's stage: cp -r, new mtimes
+    write(dest / "model-00002-of-00002.safetensors", 2 * MB, seed=7)  # one damaged file
+    inode = os.stat(str(dest / "model-00001-of-00002.safetensors")).st_ino
+    res = stage(tmp_path)
+    assert res["changed"] and res["copied"] == ["model-00002-of-00002.safetensors"] == res["mismatched"]
+    assert os.path.islink(str(dest)) and staged_files(str(dest)) == source_files(model)
+    assert os.stat(str(dest / "model-00001-of-00002.safetensors")).st_ino == inode  # linked, not copied
+    assert siblings(tmp_path) == [".M.lock", os.path.basename(res["version"]), "M"]
+    assert not stage(tmp_path)["changed"]
+
+
+def test_verify_full_finds_a_corrupted_byte_and_copies_only_that_file(tmp_path, model):
+    stage(tmp_path)
+    assert not stage(tmp_path, verify="full")["changed"]
+    shard = str(tmp_path / "shm" / "M" / "model-00001-of-00002.safetensors")
+    os.chmod(shard, 0o644)
+    with open(shard, "r+b") as f:  # same size, same mtime in the manifest: only a content hash can tell
+        f.seek(MB)
+        byte = f.read(1)
+        f.seek(MB)
+        f.write(bytes([byte[0] ^ 1]))
+    assert not stage(tmp_path)["changed"]  # verify=size trusts names, sizes and mtimes
+    res = stage(tmp_path, verify="full")
+    assert res["changed"] and res["mismatched"] == ["model-00001-of-00002.safetensors"] == res["copied"]
+    assert len(res["verified"]) == 4
+    assert staged_files(str(tmp_path / "shm" / "M")) == source_files(model)
+
+
+def test_kill_mid_copy_keeps_the_previous_copy_served_and_the_next_run_cleans_up(tmp_path, model):
+    first = stage(tmp_path)
+    dest = str(tmp_path / "shm" / "M")
+    before = staged_files(dest)
+    big = model / "model-00002-of-00002.safetensors"
+    with open(str(big), "wb") as f:
+        f.truncate(768 * MB)  # sparse: quick to make, slow enough to copy that we catch it mid-way
+    code = ("import json,sys; sys.path.insert(0, %r)\n"
+            "from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import weights_stage\n"
+            "weights_stage.main(json.loads(sys.argv[1]))" % COLLECTIONS)
+    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(req(tmp_path, threads=1))])
+    partial = None
+    deadline = time.monotonic() + 30
+    while partial is None and time.monotonic() < deadline and proc.poll() is None:
+        for name in siblings(tmp_path):
+            path = os.path.join(str(tmp_path / "shm"), name, "model-00002-of-00002.safetensors")
+            if name.startswith(".M.tmp-") and os.path.exists(path) and 0 < os.path.getsize(path) < 768 * MB:
+                partial = name
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert partial, "never saw the copy in progress"
+    assert os.path.realpath(dest) == first["version"] and staged_files(dest) == before
+    from dflash_trainer.config import check_staged_manifest
+    check_staged_manifest(dest)  # still complete for the trainer
+    res = stage(tmp_path)
+    assert os.path.join(str(tmp_path / "shm"), partial) in res["cleaned"]
+    assert res["copied"] == ["model-00002-of-00002.safetensors"]
+    assert siblings(tmp_path) == [".M.lock", os.path.basename(res["version"]), "M"]
+
+
+def test_memory_cgroup_too_small_is_refused_with_the_numbers(tmp_path, model, monkeypatch):
+    cg = tmp_path / "cgroup"
+    cg.mkdir()
+    (cg / "memory.max").write_text("%d\n" % (64 * MB))
+    (cg / "memory.current").write_text("%d\n" % (63 * MB))
+    (cg / "memory.stat").write_text("anon 1000\nfile %d\nshmem %d\n" % (3 * MB, 2 * MB))  # 1 MB reclaimable
+    monkeypatch.setattr(weights_guards, "CGROUP_ROOT", str(cg))
+    with pytest.raises(weights_guards.RefusedError) as exc:
+        stage(tmp_path)
+    msg = str(exc.value)
+    assert "\n" not in msg and "not enough room to stage %d bytes" % (5 * MB + 3050) in msg
+    assert "memory limit of 0.07 GB leaves 0.00 GB" in msg and "pct set <vmid> --memory" in msg
+    assert exc.value.facts["memory_available_bytes"] == 2 * MB and exc.value.facts["memory_limit_bytes"] == 64 * MB
+    assert siblings(tmp_path) == [".M.lock"]  # refused before anything was made
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_small_tmpfs_is_refused_with_the_numbers(tmp_path, model):
+    shm = tmp_path / "shm"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(shm)], check=True)
+    try:
+        with pytest.raises(weights_guards.RefusedError) as exc:
+            stage(tmp_path)
+        assert "%s has 0.00 GB free" % shm in str(exc.value) and "enlarge that tmpfs" in str(exc.value)
+        assert exc.value.facts["free_bytes"] <= 4 * MB < exc.value.facts["needed_bytes"]
+        assert siblings(tmp_path) == [".M.lock"]
+        with pytest.raises(weights_guards.RefusedError) as exc:
+            stage(tmp_path, dest=str(shm))
+        assert "%s is a mount point; stage into a directory inside it" % shm in str(exc.value)
+    finally:
+        subprocess.run(["umount", str(shm)], check=True)
+
+
+def test_live_run_using_the_weights_is_refused_unless_forced(tmp_path, model):
+    first = stage(tmp_path)
+    dest = str(tmp_path / "shm" / "M")
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "--target-model=" + dest]
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    proc = subprocess.Popen(argv)
+    try:
+        (run_dir / "launch.json").write_text(json.dumps({"argv": argv}))
+        (run_dir / "pid").write_text(str(proc.pid))
+        write(model / "model-00002-of-00002.safetensors", 2 * MB, seed=3)
+        with pytest.raises(weights_guards.RefusedError) as exc:
+            stage(tmp_path)
+        assert "live run r1 (pid %d)" % proc.pid in str(exc.value) and "force=true" in str(exc.value)
+        assert os.path.realpath(dest) == first["version"]
+        res = stage(tmp_path, force=True)
+        assert res["changed"] and res["live_runs"] == ["r1"] and res["copied"] == ["model-00002-of-00002.safetensors"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_main_prints_one_json_line_with_the_refusal(tmp_path, capsys):
+    (tmp_path / "shm").mkdir()
+    weights_stage.main(req(tmp_path))
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1
+    res = json.loads(out[0])
+    assert res["failed"] and "source %s is not a directory" % (tmp_path / "store" / "M") in res["msg"]
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"dest": "/Qwen"}, "must be a directory to create inside an existing one"),
+    ({"dest": "/dev/shm/.hidden"}, "not starting with"),
+    ({"source": "relative/M"}, "source must be an absolute path"),
+    ({"dest": "/mnt/models/M/staged", "source": "/mnt/models/M"}, "overlap"),
+    ({"threads": 0}, "threads must be between 1 and 64"),
+])
+def test_bad_requests_are_refused_on_the_controller(tmp_path, params, needle):
+    with pytest.raises(ValueError) as exc:
+        req(tmp_path, **params)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
