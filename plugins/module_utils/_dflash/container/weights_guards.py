@@ -71,6 +71,10 @@ def memory_room():
     return best
 
 
+def _amount(n):
+    return "%d bytes (%.2f GB)" % (n, n / GB)
+
+
 def check_room(needed, dest_parent):
     """Refuse when `needed` bytes of new files do not fit, naming the numbers and what to change."""
     free = free_bytes(dest_parent)
@@ -79,9 +83,9 @@ def check_room(needed, dest_parent):
              "memory_available_bytes": available}
     if needed <= free and (available is None or needed <= available):
         return facts
-    parts = ["%s has %.2f GB free" % (dest_parent, free / GB)]
+    parts = ["%s has %s free" % (dest_parent, _amount(free))]
     if available is not None:
-        parts.append("the container's memory limit of %.2f GB leaves %.2f GB" % (limit / GB, available / GB))
+        parts.append("the container's memory limit of %s leaves %s" % (_amount(limit), _amount(available)))
     fixes = []
     if needed > free:
         fixes.append("enlarge that tmpfs (lxc.mount.entry ... size=..., or mount -o remount,size=... %s) or free "
@@ -89,8 +93,7 @@ def check_room(needed, dest_parent):
     if available is not None and needed > available:
         fixes.append("raise the container's memory (pct set <vmid> --memory <MiB>) or free memory in it")
     fix = "; ".join(fixes)
-    raise RefusedError("not enough room to stage %d bytes (%.2f GB): %s; %s"
-                       % (needed, needed / GB, ", ".join(parts), fix), **facts)
+    raise RefusedError("not enough room to stage %s: %s; %s" % (_amount(needed), ", ".join(parts), fix), **facts)
 
 
 def _target_models(argv):

@@ -195,7 +195,8 @@ def test_memory_cgroup_too_small_is_refused_with_the_numbers(tmp_path, model, mo
         stage(tmp_path)
     msg = str(exc.value)
     assert "\n" not in msg and "not enough room to stage %d bytes" % (5 * MB + 3050) in msg
-    assert "memory limit of 0.07 GB leaves 0.00 GB" in msg and "pct set <vmid> --memory" in msg
+    assert "memory limit of %d bytes (0.07 GB) leaves %d bytes (0.00 GB)" % (64 * MB, 2 * MB) in msg
+    assert "pct set <vmid> --memory" in msg
     assert exc.value.facts["memory_available_bytes"] == 2 * MB and exc.value.facts["memory_limit_bytes"] == 64 * MB
     assert siblings(tmp_path) == [".M.lock"]  # refused before anything was made
 
@@ -207,7 +208,8 @@ def test_small_tmpfs_is_refused_with_the_numbers(tmp_path, model):
     try:
         with pytest.raises(weights_guards.RefusedError) as exc:
             stage(tmp_path)
-        assert "%s has 0.00 GB free" % shm in str(exc.value) and "enlarge that tmpfs" in str(exc.value)
+        assert "%s has %d bytes (0.00 GB) free" % (shm, exc.value.facts["free_bytes"]) in str(exc.value)
+        assert "enlarge that tmpfs" in str(exc.value)
         assert exc.value.facts["free_bytes"] <= 4 * MB < exc.value.facts["needed_bytes"]
         assert siblings(tmp_path) == [".M.lock"]
         with pytest.raises(weights_guards.RefusedError) as exc:
