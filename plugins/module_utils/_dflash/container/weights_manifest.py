@@ -21,7 +21,7 @@ import os
 
 MANIFEST_NAME = ".dflash-manifest.json"
 FORMAT = 1
-BUF_BYTES = 8 << 20
+BUF_BYTES = 1 << 20  # stays in the CPU cache between the hash and the write (8 MiB ran at 0.6x cp, 1 MiB at 0.9x)
 
 
 def _xxhash():
