@@ -134,6 +134,15 @@ options:
     description: Seconds to wait for another lifecycle operation on the same runs root.
     type: float
     default: 900
+  expect_trainer_version:
+    description:
+      - The trainer version this collection expects (the training role sets the bundled trainer's).
+      - Before anything is stopped, a launch is refused when the command's executable does not exist or is not
+        executable, or when the C(dflash-install.json) of its environment (C(<venv>/bin/<command>), written by
+        M(dflash.ops.trainer_install)) records an older version - naming both versions. An environment without
+        that record (made by hand, or a development C(.venv)) is accepted.
+      - Without it only the executable is checked.
+    type: str
   timeout:
     description: Seconds the whole transport call may take.
     type: float
@@ -249,8 +258,10 @@ timings:
   type: dict
   sample: {lock: 0.0, stop: 3.2, gpu_wait: 0.5, launch: 0.01, first_heartbeat: 0.8, verify: 1.0}
 rc:
-  description: Exit status of a launched trainer that died during verification (127 when it could not run).
-  returned: when failed after launch
+  description: Exit status of a launched trainer that died during verification; for a trainer command refused
+    before anything was stopped, 127 (it does not exist) or 126 (not executable, or older than
+    O(expect_trainer_version)).
+  returned: when failed after launch, or when the trainer command was refused
   type: int
   sample: 1
 log_tail:

@@ -104,7 +104,7 @@ def test_missing_trainer_binary_fails_clearly(ansible, runs_root):
     a["command"] = [str(runs_root / "no-such-trainer")]
     ok, res = ansible.module("dflash.ops.training_run", a)
     assert not ok and res["rc"] == 127
-    assert "could not be started" in res["msg"] and "no-such-trainer" in res["msg"]
+    assert "no-such-trainer does not exist: run playbooks/install_trainer.yml" in res["msg"]
 
 
 def test_process_ignoring_sigterm_is_killed_after_grace(ansible, runs_root):

@@ -17,6 +17,8 @@ ON_PURPOSE = {
     "training_gpus": "the role derives it from dflash_target_gpus + dflash_drafter_gpus",
     "training_command": "the module has none (it is required to launch); the role's is where the trainer is "
                         "installed in the container",
+    "training_expect_trainer_version": "the module checks no version unless asked; the role asks for the bundled "
+                                       "trainer's (trainer/pyproject.toml, tests/unit/roles/test_trainer_role.py)",
 }
 
 

@@ -21,9 +21,11 @@ import time
 from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
 from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
 from .run_name import validate_run_name
+from .trainer_record import TrainerRefused, check_trainer
 
 LOCK_NAME = ".dflash-lifecycle.lock"
 LOG_NAME = "train.log"
+LAUNCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # unless the run's env sets PATH
 
 
 class LifecycleError(Exception):
@@ -175,6 +177,10 @@ def _write_pidfile(run_dir):
     os.rename(tmp, path)
 
 
+def _launch_path(req):
+    return str((req.get("env") or {}).get("PATH", LAUNCH_PATH))
+
+
 def launch(req, now):
     run_dir = req["run_dir"]
     kept = _keep_previous(run_dir, now)
@@ -184,7 +190,7 @@ def launch(req, now):
         "cwd": req.get("cwd"), "fingerprint": req["fingerprint"], "launched_at": now, "log": LOG_NAME,
     }
     _write_json_atomic(os.path.join(run_dir, "launch.json"), public)
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    env = {"PATH": LAUNCH_PATH}
     env.update(dict((k, str(v)) for k, v in (req.get("env") or {}).items()))
     env.update(dict((k, str(v)) for k, v in (req.get("secret_env") or {}).items()))
     env.update(DFLASH_RUN_DIR=run_dir, DFLASH_RUN_NAME=req["run"])
@@ -384,7 +390,12 @@ def _change(req, timings):
                           same_config=same, heartbeat=own_hb)
             return result
         try:
+            # Before anything is stopped: a launch that cannot start must not cost the running run.
+            check_trainer(req["argv"], _launch_path(req), req.get("cwd") or req["run_dir"],
+                          req.get("expect_trainer_version"))
             check_gpus_exist(req.get("gpus") or [])
+        except TrainerRefused as exc:
+            raise LifecycleError(str(exc), rc=exc.rc)
         except ValueError as exc:
             raise LifecycleError(str(exc))
         result.update(changed=True, action="launched", would_stop=[name for name, _pid in runs])

@@ -91,10 +91,10 @@ def _clean_env():
 
 def pip_argv(venv, req, wheel):
     argv = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--no-cache-dir", "--quiet"]
-    if req.get("index_url"):
+    if req.get("no_index"):
+        argv += ["--no-index"]  # offline: the staged wheel(s) and the wheelhouse only
+    elif req.get("index_url"):
         argv += ["--index-url", req["index_url"]]
-    elif req.get("find_links"):
-        argv += ["--no-index"]
     for path in req.get("find_links") or []:
         argv += ["--find-links", path]
     # Pins are requirement specifiers (the controller refused anything that looks like an option).

@@ -7,9 +7,11 @@
 ``link`` (``/opt/dflash/venv``) is a symlink to one of them, switched atomically (a temporary symlink renamed over
 it). A real directory found at ``link`` (a hand-made venv) is adopted once: renamed to ``<venvs_root>/adopted-<stamp>``
 and replaced by a symlink to it; its scripts keep working, their ``#!/opt/dflash/venv/bin/python`` now resolves
-through the link. Stdlib only: shipped into the container (controller/lifecycle_shipping.py).
+through the link (where the file system cannot rename it - overlayfs - it is copied, then removed). Stdlib only:
+shipped into the container (controller/lifecycle_shipping.py).
 """
 
+import errno
 import os
 import shutil
 import time
@@ -41,7 +43,17 @@ def adopt(link, venvs_root, now):
     dest, n = base, 1
     while os.path.lexists(dest):
         dest, n = "%s.%d" % (base, n), n + 1
-    os.rename(link, dest)
+    try:
+        os.rename(link, dest)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        # overlayfs (a snapshot-cloned container) cannot rename a directory of its lower layer: copy, then remove.
+        tmp = dest + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(link, tmp, symlinks=True)
+        os.rename(tmp, dest)
+        shutil.rmtree(link)
     return dest
 
 

@@ -273,11 +273,14 @@ def test_a_crashing_trainer_fails_with_its_status_and_log_tail(runs_root, capsys
     assert len(list((runs_root / "r1").glob("train.*.log"))) == 1  # the first crash's log was kept
 
 
-def test_a_missing_trainer_executable_fails_with_rc_127(runs_root):
+def test_a_missing_trainer_executable_is_refused_before_the_live_run_is_stopped(runs_root):
+    first = run_lifecycle.change(make_req(runs_root))
     with pytest.raises(run_lifecycle.LifecycleError) as exc:
-        run_lifecycle.change(make_req(runs_root, command=[str(runs_root.parent / "no-such-trainer")]))
-    assert exc.value.facts["rc"] == 127 and "could not be started" in str(exc.value)
-    assert any("could not execute" in line for line in exc.value.facts["log_tail"])
+        run_lifecycle.change(make_req(runs_root, force=True, command=[str(runs_root.parent / "no-such-trainer")]))
+    assert exc.value.facts["rc"] == 127 and "no-such-trainer does not exist" in str(exc.value)
+    assert "install_trainer.yml" in str(exc.value) and "nothing was stopped" in str(exc.value)
+    assert procfs.is_alive(first["pid"]) and read_pid(runs_root) == first["pid"]
+    assert sorted(p.name for p in (runs_root / "r1").glob("train*.log")) == ["train.log"]  # no log moved aside
 
 
 def test_no_heartbeat_within_heartbeat_timeout_fails_naming_the_heartbeat(runs_root):

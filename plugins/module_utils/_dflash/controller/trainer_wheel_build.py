@@ -1,0 +1,163 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+"""Build the bundled trainer's wheel on the controller, reproducibly, keyed by a hash of its sources and pins.
+
+source_hash = sha256 over (relative path, content) of pyproject.toml, requirements.txt (the pins) and src/**.
+The wheel is built from a copy of exactly those files (normalised modes, no build litter in the source tree)
+with SOURCE_DATE_EPOCH fixed, so the same sources give the same bytes on any controller with the same setuptools;
+it is cached as <dest>/<source_hash[:16]>/<wheel>, so an unchanged trainer is hashed, never rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+# 1980-01-01, the earliest time a zip entry can carry: a constant, because file mtimes differ between a checkout
+# and an unpacked collection of the same sources.
+SOURCE_DATE_EPOCH = "315532800"
+TOP_FILES = ("pyproject.toml", "requirements.txt", "setup.cfg", "setup.py")
+SKIP_DIRS = ("__pycache__",)
+SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
+VERSION_RE = re.compile(r'^version\s*=\s*"([^"]+)"', re.M)
+
+
+class WheelBuildError(Exception):
+    pass
+
+
+def source_files(source):
+    """Relative paths of the files that make the wheel, sorted."""
+    if not os.path.isfile(os.path.join(source, "pyproject.toml")):
+        raise WheelBuildError("%s has no pyproject.toml: trainer_source must be the collection's trainer/ "
+                              "directory" % source)
+    files = [name for name in TOP_FILES if os.path.isfile(os.path.join(source, name))]
+    for root, dirs, names in os.walk(os.path.join(source, "src")):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(SKIP_SUFFIXES))
+        for name in sorted(names):
+            if not name.endswith(SKIP_SUFFIXES):
+                files.append(os.path.relpath(os.path.join(root, name), source))
+    return sorted(files)
+
+
+def source_hash(source, files):
+    h = hashlib.sha256()
+    for rel in files:
+        with open(os.path.join(source, rel), "rb") as f:
+            h.update(rel.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+def read_pins(source):
+    """Requirement lines of trainer/requirements.txt (comments and blanks dropped)."""
+    path = os.path.join(source, "requirements.txt")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        lines = [line.split("#", 1)[0].strip() for line in f]
+    pins = [line for line in lines if line]
+    bad = [pin for pin in pins if pin.startswith("-") or "==" not in pin]
+    if bad:
+        raise WheelBuildError("%s: %s is not a pin: write name==version, one a line" % (path, bad[0]))
+    return pins
+
+
+def read_version(source):
+    with open(os.path.join(source, "pyproject.toml")) as f:
+        match = VERSION_RE.search(f.read())
+    if not match:
+        raise WheelBuildError("%s/pyproject.toml has no version = \"...\" line" % source)
+    return match.group(1)
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _copy_tree(source, files, dest):
+    for rel in files:
+        target = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(source, rel), target)
+        os.chmod(target, 0o644)  # the wheel records modes: the checkout's umask must not show
+
+
+def build_wheel(source, out_dir, python=None):
+    """pip wheel (no deps, no build isolation: offline) of a clean copy into out_dir; returns the wheel's path."""
+    files = source_files(source)
+    work = tempfile.mkdtemp(prefix="dflash-wheel-")
+    try:
+        tree = os.path.join(work, "trainer")
+        _copy_tree(source, files, tree)
+        env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH, PYTHONHASHSEED="0",
+                   PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+        argv = [python or sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                "--no-cache-dir", "--wheel-dir", os.path.join(work, "out"), tree]
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=env, cwd=work)
+        if proc.returncode != 0:
+            text = proc.stdout.decode("utf-8", "replace")
+            hint = " (setuptools>=64 must be installed next to the controller's ansible: pip install setuptools)" \
+                if "setuptools" in text else ""
+            last = next((line for line in reversed(text.splitlines()) if line.strip()), "no output")
+            raise WheelBuildError("building the trainer wheel failed (exit %s): %s%s" % (proc.returncode, last, hint))
+        wheels = [n for n in os.listdir(os.path.join(work, "out")) if n.endswith(".whl")]
+        if len(wheels) != 1:
+            raise WheelBuildError("pip wheel made %d wheels from %s, expected one" % (len(wheels), source))
+        os.makedirs(out_dir, exist_ok=True)
+        final = os.path.join(out_dir, wheels[0])
+        shutil.move(os.path.join(work, "out", wheels[0]), final + ".tmp")
+        os.replace(final + ".tmp", final)
+        return final
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def cached_wheel(out_dir):
+    try:
+        wheels = [n for n in os.listdir(out_dir) if n.endswith(".whl")]
+    except OSError:
+        return None
+    return os.path.join(out_dir, wheels[0]) if len(wheels) == 1 else None
+
+
+def trainer_wheel(source, dest, check_mode=False, force=False):
+    """{changed, wheel, wheel_name, version, source_hash, sha256, pins}; builds only when not cached (or force)."""
+    source = os.path.abspath(source)
+    files = source_files(source)
+    digest = source_hash(source, files)
+    version = read_version(source)
+    out = {"source": source, "source_hash": digest, "version": version, "pins": read_pins(source),
+           "changed": False}
+    out_dir = os.path.join(dest, digest[:16])
+    wheel = None if force else cached_wheel(out_dir)
+    if wheel is not None:
+        return _described(out, wheel, version)
+    out["changed"] = True
+    if check_mode:
+        # Built aside and thrown away: the install's check mode still learns the wheel's name and hash.
+        scratch = tempfile.mkdtemp(prefix="dflash-wheel-check-")
+        try:
+            return dict(_described(out, build_wheel(source, scratch), version), wheel=None)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return _described(out, build_wheel(source, out_dir), version)
+
+
+def _described(out, wheel, version):
+    name = os.path.basename(wheel)
+    if name.split("-")[1] != version:
+        raise WheelBuildError("the wheel %s does not carry pyproject.toml's version %s" % (name, version))
+    return dict(out, wheel=wheel, wheel_name=name, sha256=sha256_file(wheel))

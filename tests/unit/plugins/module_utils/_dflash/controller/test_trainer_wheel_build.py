@@ -1,0 +1,65 @@
+"""The trainer wheel is built reproducibly from the collection's trainer/ (two builds seconds apart are byte-identical),
+cached by a hash of its sources and pins, rebuilt when a source changes, and never built into the cache in check mode."""
+import os
+import shutil
+import time
+import zipfile
+
+import pytest
+
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import trainer_wheel_build as build
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 6))
+TRAINER = os.path.join(REPO, "trainer")
+
+
+@pytest.fixture
+def source(tmp_path):
+    """A copy of trainer/'s build inputs (a test may change it), with the checkout's own mtimes and modes."""
+    dest = tmp_path / "trainer"
+    for rel in build.source_files(TRAINER):
+        os.makedirs(dest / os.path.dirname(rel), exist_ok=True)
+        shutil.copy2(os.path.join(TRAINER, rel), dest / rel)
+    return str(dest)
+
+
+def test_two_builds_seconds_apart_are_byte_identical(source, tmp_path):
+    first = build.build_wheel(source, str(tmp_path / "a"))
+    time.sleep(1.5)
+    os.utime(os.path.join(source, "src", "dflash_trainer", "cli.py"))  # a fresh mtime, as after a checkout
+    os.chmod(os.path.join(source, "src", "dflash_trainer", "cli.py"), 0o600)  # and another umask
+    second = build.build_wheel(source, str(tmp_path / "b"))
+    assert os.path.basename(first) == os.path.basename(second) == "dflash_trainer-0.1.0-py3-none-any.whl"
+    with open(first, "rb") as f1, open(second, "rb") as f2:
+        assert f1.read() == f2.read()
+    names = zipfile.ZipFile(first).namelist()
+    assert "dflash_trainer/cli.py" in names and not any("__pycache__" in n or "tests/" in n for n in names)
+    assert not os.path.exists(os.path.join(source, "build"))  # built from a copy: the source tree stays clean
+
+
+def test_cached_by_source_hash_rebuilt_on_change_and_check_mode_builds_nothing(source, tmp_path):
+    dest = str(tmp_path / "cache")
+    planned = build.trainer_wheel(source, dest, check_mode=True)
+    assert planned["changed"] and planned["wheel"] is None and planned["sha256"] and not os.path.exists(dest)
+    first = build.trainer_wheel(source, dest)
+    assert first["changed"] and first["sha256"] == planned["sha256"] and first["wheel_name"] == planned["wheel_name"]
+    assert first["version"] == "0.1.0" and "torch==2.13.0" in first["pins"]
+    again = build.trainer_wheel(source, dest)
+    assert not again["changed"] and again["wheel"] == first["wheel"] and again["sha256"] == first["sha256"]
+    with open(os.path.join(source, "requirements.txt"), "a") as f:
+        f.write("extra-pin==1.0\n")  # the pins are part of the hash
+    changed = build.trainer_wheel(source, dest, check_mode=True)
+    assert changed["changed"] and changed["source_hash"] != first["source_hash"]
+
+
+@pytest.mark.parametrize("line", ["--index-url http://evil/", "torch>=2.5", "-e ."])
+def test_a_pin_file_line_that_is_not_a_pin_is_refused(source, tmp_path, line):
+    with open(os.path.join(source, "requirements.txt"), "a") as f:
+        f.write(line + "\n")
+    with pytest.raises(build.WheelBuildError, match="is not a pin: write name==version"):
+        build.trainer_wheel(source, str(tmp_path / "cache"), check_mode=True)
+
+
+def test_a_directory_without_pyproject_is_refused(tmp_path):
+    with pytest.raises(build.WheelBuildError, match="has no pyproject.toml: trainer_source must be"):
+        build.trainer_wheel(str(tmp_path), str(tmp_path / "cache"))
