@@ -185,10 +185,11 @@ pushed:
   type: int
   sample: 1
 timings:
-  description: Seconds of the steps of a new environment (venv, pip, verify).
+  description: Seconds of the steps (venv, pip, verify for a new environment; switch, which includes adopting a
+    hand-made venv).
   returned: when something was changed (not in check mode)
   type: dict
-  sample: {venv: 3.1, pip: 28.4, verify: 2.2}
+  sample: {venv: 3.1, pip: 28.4, verify: 2.2, switch: 0.01}
 output_tail:
   description: The last lines pip or C(dflash-train --help) printed when they failed.
   returned: when the install failed

@@ -147,9 +147,11 @@ def install(req):
                 venvs.remove(venv)
                 raise
             result["installed"] = True
+        t0 = time.monotonic()
         if decided["adopt"]:
             result["adopted"] = venvs.adopt(req["link"], req["venvs_root"], time.time())
         venvs.switch(req["link"], venv)
+        result.setdefault("timings", {})["switch"] = round(time.monotonic() - t0, 3)
     finally:
         venvs.remove(staging)
     result["changed"] = True
