@@ -126,7 +126,7 @@ installer:
   type: str
   sample: /var/lib/dflash/nvidia/NVIDIA-Linux-x86_64-550.127.05.run
 installer_present:
-  description: Whether O(installer) exists.
+  description: Whether RV(installer) exists.
   returned: when the host has a driver
   type: bool
   sample: true

@@ -37,10 +37,33 @@ class UserspaceError(Exception):
         self.facts = facts
 
 
-def installed_versions(lib_dirs=LIB_DIRS):
-    """Sorted versions of every libnvidia-ml.so.<version> file in lib_dirs."""
+def ldconfig_dirs(text):
+    """Directories of libnvidia-ml in `ldconfig -p` output (a runtime may put it in /usr/local/nvidia/lib64)."""
+    dirs = []
+    for line in text.splitlines():
+        name, _sep, path = line.partition("=>")
+        path = path.strip()
+        if name.strip().startswith("libnvidia-ml.so") and path.startswith("/"):
+            directory = os.path.dirname(path)
+            if directory not in dirs:
+                dirs.append(directory)
+    return dirs
+
+
+def library_dirs():
+    """The distributions' library directories, then wherever the dynamic linker's cache finds libnvidia-ml."""
+    try:
+        text = subprocess.run(["ldconfig", "-p"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=30, check=False).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError):
+        text = ""
+    return list(LIB_DIRS) + [d for d in ldconfig_dirs(text) if d not in LIB_DIRS]
+
+
+def installed_versions(lib_dirs=None):
+    """Sorted versions of every libnvidia-ml.so.<version> file in lib_dirs (default: library_dirs())."""
     found = set()
-    for directory in lib_dirs:
+    for directory in lib_dirs or library_dirs():
         try:
             names = os.listdir(directory)
         except OSError:
@@ -58,7 +81,7 @@ def read_marker(path):
 
 
 def detect(req):
-    versions = installed_versions(req.get("lib_dirs") or LIB_DIRS)
+    versions = installed_versions(req.get("lib_dirs"))
     out = {"installed_versions": versions, "up_to_date": req["version"] in versions,
            "marker": read_marker(req["marker"])}
     if req.get("prepare") and not out["up_to_date"]:
@@ -89,7 +112,7 @@ def install(req):
     try:
         proc = subprocess.run(["sh", installer] + list(req["installer_args"]), cwd=req["staging_dir"], env=env,
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=req.get("installer_timeout"))
+                              timeout=req.get("installer_timeout"), check=False)
     except subprocess.TimeoutExpired:
         raise UserspaceError("%s did not finish within %ss: see /var/log/nvidia-installer.log in the container"
                              % (req["installer"], req.get("installer_timeout")))
@@ -104,7 +127,7 @@ def install(req):
         raise UserspaceError("%s %s failed (exit %s): %s; see /var/log/nvidia-installer.log in the container"
                              % (req["installer"], " ".join(req["installer_args"]), proc.returncode,
                                 output[-1] if output else "no output"), installer_output=output)
-    versions = installed_versions(req.get("lib_dirs") or LIB_DIRS)
+    versions = installed_versions(req.get("lib_dirs"))
     if req["version"] not in versions:
         raise UserspaceError("%s exited 0 but left no libnvidia-ml.so.%s (found: %s): is it the installer of "
                              "driver %s?" % (req["installer"], req["version"], ", ".join(versions) or "none",

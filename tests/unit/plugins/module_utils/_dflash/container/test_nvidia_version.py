@@ -25,6 +25,9 @@ GCC = "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
      "(dvs-builder@U16-I3-B03-4-3)  Fri Aug 16 21:42:42 UTC 2024", "560.35.03", "x86_64", True),
     ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build  "
      "(dvs-builder@U22-I3-AE18-23-3)  Wed Apr  9 18:40:10 UTC 2025", "570.133.20", "x86_64", True),
+    # read from a real H200 host (the driver built by Nix: an empty builder name)
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  ",
+     "580.159.04", "x86_64", True),
     ("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  575.57.08  Release Build  "
      "(dvs-builder@U22-I3-AF03-09-1)  Sat May 24 07:02:38 UTC 2025", "575.57.08", "aarch64", True),
     ("NVRM version: NVIDIA UNIX aarch64 Kernel Module  550.90.07  Fri May 31 09:28:44 UTC 2024",
