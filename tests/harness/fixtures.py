@@ -4,7 +4,7 @@
 
 Fixtures: golden (session), sshd (session), make_container (factory, function scope; destroys what it made),
 ct200 (a running clone named 200 with the fake trainer), trainer_wheel (session), play (run a playbook through
-ansible-runner over the harness ssh), harness_env.
+ansible-runner over the harness ssh), harness_env, pve_api (a Proxmox API stand-in: the dict of its pve_api.json).
 Every container and process a fixture starts is removed in a finalizer, also when the test fails.
 """
 from __future__ import annotations
@@ -179,6 +179,37 @@ def make_container(golden, request):
 @pytest.fixture
 def ct200(make_container) -> Container:
     return make_container(200)
+
+
+def start_pve_api(state_dir: Path, *args: str) -> dict:
+    """`python -m harness.pve_api start <state_dir> [args]`; returns its pve_api.json as a dict."""
+    p = subprocess.run([sys.executable, "-m", "harness.pve_api", "start", str(state_dir), *args], cwd=HARNESS_DIR.parent,
+                       text=True, capture_output=True, timeout=400)
+    if p.returncode != 0:
+        raise RuntimeError(f"pve_api start failed ({p.returncode}): {p.stderr[-3000:]}")
+    return json.loads((Path(state_dir) / "pve_api.json").read_text())
+
+
+def stop_pve_api(state_dir: Path) -> dict:
+    """Stop the stand-in by its pid and destroy every container it created."""
+    p = subprocess.run([sys.executable, "-m", "harness.pve_api", "stop", str(state_dir)], cwd=HARNESS_DIR.parent,
+                       text=True, capture_output=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"pve_api stop failed ({p.returncode}): {p.stderr[-3000:]}")
+    return json.loads(p.stdout or "{}")
+
+
+@pytest.fixture
+def pve_api(containers_ok, tmp_path_factory) -> dict:
+    """A Proxmox API stand-in on 127.0.0.1 (node pve1, VM 150 listed, PVE 8.2.4), real LXC containers behind it
+    (vmids from 300; the session lock of 200/201 is not taken). Yields its pve_api.json; stops it and destroys every
+    container it created, also when the test fails."""
+    d = tmp_path_factory.mktemp("pve_api")
+    info = start_pve_api(d, "--vm", "150")
+    try:
+        yield info
+    finally:
+        stop_pve_api(d)
 
 
 @pytest.fixture(scope="session")
