@@ -15,7 +15,6 @@ Stdlib only.
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -71,7 +70,7 @@ def _sha256(path):
 def _run(argv, timeout, what):
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=timeout, env=_clean_env())
+                              timeout=timeout, env=_clean_env(), check=False)
     except subprocess.TimeoutExpired:
         raise InstallError("%s did not finish within %ss" % (what, timeout))
     except OSError as exc:

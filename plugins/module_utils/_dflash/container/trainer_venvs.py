@@ -97,7 +97,7 @@ def prunable(venvs_root, keep, protect):
     """Venvs beyond the newest `keep`, never one in `protect` (the new one and the previous one: a running trainer
     may still use it). Protected ones count against keep."""
     protect = set(os.path.realpath(p) for p in protect if p)
-    others = [path for _, path in environments(venvs_root) if os.path.realpath(path) not in protect]
+    others = [path for _stamp, path in environments(venvs_root) if os.path.realpath(path) not in protect]
     room = max(0, keep - len(protect))
     return others[:max(0, len(others) - room)]
 

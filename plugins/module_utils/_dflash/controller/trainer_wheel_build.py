@@ -105,7 +105,7 @@ def build_wheel(source, out_dir, python=None):
         argv = [python or sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                 "--no-cache-dir", "--wheel-dir", os.path.join(work, "out"), tree]
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=env, cwd=work)
+                              env=env, cwd=work, check=False)
         if proc.returncode != 0:
             text = proc.stdout.decode("utf-8", "replace")
             hint = " (setuptools>=64 must be installed next to the controller's ansible: pip install setuptools)" \

@@ -175,7 +175,7 @@ class Transport(object):
         argv = self.push_argv(local_path, dest_path)
         try:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  start_new_session=True, close_fds=True, timeout=timeout)
+                                  start_new_session=True, close_fds=True, timeout=timeout, check=False)
         except FileNotFoundError as exc:
             raise PctNotFound("pct could not be executed (%s): is this the Proxmox host?" % exc)
         except subprocess.TimeoutExpired:
