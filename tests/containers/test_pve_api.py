@@ -236,7 +236,7 @@ def test_lifecycle_real_container(api, tmp_path):
 
 
 def test_task_failure_and_stop_destroys(pve_api, tmp_path):
-    """A failed start reports its error text as exitstatus; `stop` of the CLI destroys what the server created.
+    """A failed start reports its error text as exitstatus; shutdown; `stop` of the CLI destroys what it created.
     A second server with --pve-version 8.0.7 simulates a host older than 8.1."""
     px, vmid = root(pve_api), 394
     n = px.nodes("pve1")
@@ -250,6 +250,9 @@ def test_task_failure_and_stop_destroys(pve_api, tmp_path):
     n.lxc(vmid).config.put(delete="dev0")
     assert wait_task(px, "pve1", n.lxc(vmid).status.start.post())["exitstatus"] == "OK"
     assert lxc.state(str(vmid)) == "RUNNING"
+    lxc.wait_ready(str(vmid))  # a clean shutdown needs the CT's init up
+    st = wait_task(px, "pve1", n.lxc(vmid).status.shutdown.post(timeout=30))
+    assert (st["type"], st["exitstatus"], lxc.state(str(vmid))) == ("vzshutdown", "OK", "STOPPED")
     old = start_pve_api(tmp_path / "old", "--pve-version", "8.0.7", "--node", "pve2")
     try:
         assert http(old, "GET", "/version").json()["data"]["version"] == "8.0.7"

@@ -11,8 +11,6 @@ import fcntl
 import json
 import os
 import shutil
-import subprocess
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -177,8 +175,3 @@ def make_stand_in_devices(dev_root: Path, gpus: int) -> list[str]:
         made.append(f"/dev/{rel}")
     return made
 
-
-def wait_gone(vmid: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while lxc.exists(str(vmid)) and time.monotonic() < deadline:
-        time.sleep(0.1)

@@ -118,7 +118,7 @@ def check_indexed(kind: str, v: str) -> str | None:
                 if opt in d and not d[opt].isdigit():
                     return f"invalid format - {opt}: type check ('integer') failed - got '{d[opt]}'"
             if "mode" in d and not re.fullmatch(r"0?[0-7]{3,4}", d["mode"]):
-                return f"invalid format - mode: value does not match the regex pattern"
+                return "invalid format - mode: value does not match the regex pattern"
         elif kind == "mp":
             d = pveconf.property_string(v, "volume")
             if "mp" not in d:
