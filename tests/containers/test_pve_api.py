@@ -259,6 +259,11 @@ def test_task_failure_and_stop_destroys(pve_api, tmp_path):
         refused(lambda: token(old).nodes("pve1").lxc.get(), 500,
                 "hostname lookup 'pve1' failed - failed to get address info for: pve1: Name or service not known")
         assert token(old).nodes("pve2").lxc.get() == []
+        # PVE 8.0 has no devN in its schema (pve-container < 5.0.7): older hosts need raw lxc lines
+        e = refused(lambda: root(old).nodes("pve2").lxc.post(vmid=393, ostemplate=TEMPLATE, rootfs="local-lvm:2",
+                                                             dev0="/dev/nvidia0"), 400, "Parameter verification failed.")
+        assert e.errors == {"dev0": "property is not defined in schema and the schema does not allow additional "
+                                    "properties"}
         # vmids are per machine: another server refuses the one this one holds
         refused(lambda: root(old).nodes("pve2").lxc.post(vmid=vmid, ostemplate=TEMPLATE, rootfs="local-lvm:2"),
                 500, f"CT {vmid} already exists on node 'pve2'")

@@ -55,6 +55,12 @@ def check_lock(keys: dict) -> None:
         raise ApiError(500, f"CT is locked ({keys['lock']})")
 
 
+def has_devn(ctx: Context) -> bool:
+    """devN exists from pve-container 5.0.7 = PVE 8.1 on (PROXMOX.md)."""
+    nums = [int(x) for x in re.findall(r"\d+", ctx.version)[:2]]
+    return tuple(nums) >= (8, 1)
+
+
 def taken(ctx: Context, vmid: int) -> str | None:
     if vmid in ctx.vms:
         return f"VM {vmid} already exists on node '{ctx.node}'"
@@ -157,7 +163,7 @@ def check_devices(ctx: Context, new: dict) -> None:
 
 def create_lxc(ctx, params, user, node):
     need_node(ctx, node)
-    p = schema.verify(params, create=True)
+    p = schema.verify(params, create=True, devices=has_devn(ctx))
     vmid = int(p.pop("vmid"))
     unprivileged = p.get("unprivileged", "1") == "1"
     with ctx.lock, machine_lock():
@@ -225,7 +231,7 @@ def get_config(ctx, params, user, node, vmid_s):
 
 def put_config(ctx, params, user, node, vmid_s):
     vmid = need_ct(ctx, node, vmid_s)
-    p = schema.verify(params, create=False)
+    p = schema.verify(params, create=False, devices=has_devn(ctx))
     want_digest = p.pop("digest", None)
     delete = [d for d in re.split(r"[,;\s]+", p.pop("delete", "")) if d]
     p.pop("revert", None)

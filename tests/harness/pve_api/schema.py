@@ -71,8 +71,9 @@ def vmid(v: str) -> int:
     return n
 
 
-def verify(params: dict, create: bool) -> dict:
-    """Normalise a create/update parameter set (ints and 0/1 booleans as strings, as PVE writes them)."""
+def verify(params: dict, create: bool, devices: bool = True) -> dict:
+    """Normalise a create/update parameter set (ints and 0/1 booleans as strings, as PVE writes them).
+    `devices=False`: a host older than PVE 8.1 (pve-container < 5.0.7), whose schema has no devN."""
     errors: dict[str, str] = {}
     out: dict[str, str] = {}
     for k, v in params.items():
@@ -90,7 +91,7 @@ def verify(params: dict, create: bool) -> dict:
         elif k == "vmid" and create:
             n, err = check_int(v, 100, 999999999)
             v = str(n)
-        elif indexed(k):
+        elif indexed(k) and (devices or indexed(k) != "dev"):
             err = check_indexed(indexed(k), v)
         else:
             err = NOT_IN_SCHEMA  # raw lxc.* keys land here: not in the API at all, for everyone
