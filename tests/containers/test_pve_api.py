@@ -175,7 +175,7 @@ def test_lifecycle_real_container(api, tmp_path):
     models.mkdir()
     (models / "w.bin").write_text("weights\n")
     upid = n.lxc.post(vmid=vmid, ostemplate=TEMPLATE, hostname="train", rootfs="local-lvm:8", cores=1,
-                      memory=256, swap=0, dev0="/dev/nvidia0", dev1="/dev/nvidia-uvm",
+                      memory=256, swap=0, dev0="/dev/nvidia0", dev1="path=/dev/nvidia-uvm,mode=0660,gid=44",
                       mp0=f"{models},mp=/mnt/models,ro=1", net0="name=eth0,bridge=vmbr0,ip=dhcp")
     parts = upid.split(":")
     assert len(parts) == 9 and parts[0] == "UPID" and parts[-1] == "" and parts[1] == "pve1"
@@ -214,14 +214,15 @@ def test_lifecycle_real_container(api, tmp_path):
                               "cat /sys/fs/cgroup/memory/memory.limit_in_bytes").stdout.strip()
     assert limit == str(320 * 2 ** 20)
     p = subprocess.run([str(PCT), "exec", str(vmid), "--", "sh", "-c",
-                        "hostname; stat -c '%F %t:%T' /dev/nvidia0 /dev/nvidia-uvm; "
+                        "hostname; stat -c '%F %t:%T %a %g' /dev/nvidia0 /dev/nvidia-uvm; "
                         "df -k --output=size /dev/shm | tail -1; cat /mnt/models/w.bin; "
                         "touch /mnt/models/x 2>/dev/null || echo ro; cat /proc/self/cgroup | head -1"],
                        capture_output=True, text=True, timeout=60)
     out = p.stdout.split("\n")
     assert p.returncode == 0, p.stderr
     assert out[0] == "train"
-    assert out[1:3] == ["character special file c3:0", "character special file 1fd:0"]  # 195:0, 509:0 (hex)
+    # 195:0 and 509:0 (stat prints hex); devN's mode and gid applied, else the host node's mode
+    assert out[1:3] == ["character special file c3:0 666 0", "character special file 1fd:0 660 44"]
     assert out[3].strip() == str(64 * 1024) and out[4:6] == ["weights", "ro"]
     assert out[6]
 

@@ -93,7 +93,7 @@ def _cg(v2_key: str, value: str) -> list[str]:
     return [f"# cgroup v1 host: no equivalent for lxc.cgroup2.{v2_key} = {value}"]
 
 
-def render(keys: dict, raw: list, dev_root: str, images: str) -> list[str]:
+def render(keys: dict, raw: list, dev_root: str, images: str, hook: Path | None = None) -> list[str]:
     """LXC config lines for a PVE config (what PVE's update_lxc_config emits, for the parts the stand-in models)."""
     lines = [f"lxc.uts.name = {keys.get('hostname', 'CT' + keys.get('vmid', ''))}"]
     if "memory" in keys:
@@ -108,6 +108,7 @@ def render(keys: dict, raw: list, dev_root: str, images: str) -> list[str]:
     if "cores" in keys:
         n = max(1, min(int(keys["cores"]), os.cpu_count() or 1))
         lines += _cg("cpuset.cpus", f"0-{n - 1}" if n > 1 else "0")
+    nodes: list[str] = []  # devN: nodes made in the CT's /dev by an autodev hook, as PVE's lxc-pve-autodev-hook
     for k in sorted(keys, key=lambda x: (len(x), x)):
         if re.fullmatch(r"dev\d+", k):
             d = property_string(keys[k], "path")
@@ -120,9 +121,12 @@ def render(keys: dict, raw: list, dev_root: str, images: str) -> list[str]:
                 raise ValueError(f"{d['path']} is not a device")
             kind = "b" if (st.st_mode & 0o170000) == 0o060000 else "c"
             perms = "r" if d.get("deny-write") == "1" else "rw"
-            lines += _cg("devices.allow", f"{kind} {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} {perms}")
-            opts = "bind,create=file" + (",ro" if perms == "r" else "")
-            lines.append(f"lxc.mount.entry = {host} {d['path'].lstrip('/')} none {opts} 0 0")
+            major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+            lines += _cg("devices.allow", f"{kind} {major}:{minor} {perms}")
+            mode = d.get("mode", f"{st.st_mode & 0o7777:04o}")
+            nodes.append(f'mkdir -p "$(dirname "$R{d["path"]}")" && rm -f "$R{d["path"]}" && '
+                         f'mknod -m {mode} "$R{d["path"]}" {kind} {major} {minor} && '
+                         f'chown {d.get("uid", "0")}:{d.get("gid", "0")} "$R{d["path"]}"')
         elif re.fullmatch(r"mp\d+", k):
             m = property_string(keys[k], "volume")
             vol = m["volume"]
@@ -131,6 +135,11 @@ def render(keys: dict, raw: list, dev_root: str, images: str) -> list[str]:
                 Path(src).mkdir(parents=True, exist_ok=True)
             ro = ",ro" if m.get("ro") in ("1", "true", "yes", "on") else ""
             lines.append(f"lxc.mount.entry = {src} {m['mp'].lstrip('/')} none rbind{ro},create=dir 0 0")
+    if nodes and hook:
+        write_atomic(hook, "#!/bin/sh\n# devN entries of the PVE config (rendered by tests/harness/pve_api)\nset -e\n"
+                           'R="$LXC_ROOTFS_MOUNT"\n' + "\n".join(nodes) + "\n")
+        os.chmod(hook, 0o755)
+        lines.append(f"lxc.hook.autodev = {hook}")
     for k, v in raw:  # raw lines last, as PVE appends them after its own
         if k.startswith("lxc.cgroup2.") and CGROUP_V1:
             lines += _cg(k[len("lxc.cgroup2."):], v)
@@ -146,7 +155,7 @@ def render_container(vmid: str) -> Path:
     conf = Path(meta["conf"])
     keys, raw = parse(conf.read_text())
     keys.setdefault("vmid", str(vmid))
-    lines = render(keys, raw, meta["dev_root"], meta["images"])
+    lines = render(keys, raw, meta["dev_root"], meta["images"], d / "pve-devices.hook")
     base = (d / "config.base").read_text()
     text = base.rstrip("\n") + f"\n\n# rendered by tests/harness/pve_api from {conf}\n" + "\n".join(lines) + "\n"
     write_atomic(d / "config", text)
