@@ -12,6 +12,7 @@ Executed INSIDE the container (controller/trainer_install_backend.py ships it; J
 Stdlib only.
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ from . import trainer_venvs as venvs
 from .trainer_record import RECORD_NAME
 
 STAGING_PREFIX = ".staging-"
+LOCK_NAME = ".install.lock"
 VERIFY_COMMAND = "dflash-train"
 
 
@@ -171,7 +173,14 @@ def main(req):
         if req["action"] == "plan":
             out = plan(req)
         elif req["action"] == "install":
-            out = install(req)
+            os.makedirs(req["venvs_root"], exist_ok=True)
+            # One install per container at a time (released when this process ends, also when it is killed).
+            lock = os.open(os.path.join(req["venvs_root"], LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                out = install(req)
+            finally:
+                os.close(lock)
         else:
             raise InstallError("unknown action %r" % req["action"])
     except InstallError as exc:
