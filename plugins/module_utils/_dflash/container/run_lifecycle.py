@@ -11,13 +11,13 @@ Run directory contract (DESIGN.md): launch.json, pid, train.log, heartbeat.json,
 """
 
 import errno
-import fcntl
 import json
 import os
 import subprocess
 import sys
 import time
 
+from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
 from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
 from .run_name import validate_run_name
@@ -114,32 +114,11 @@ def conflicting_runs(req):
     return found, own_pid, own_launch
 
 
-class Lock(object):
-    """One lifecycle operation per container at a time (flock; released if we die)."""
-
-    def __init__(self, root, timeout_s):
-        self.path = os.path.join(root, LOCK_NAME)
-        self.timeout_s = timeout_s
-        self.fd = None
-
-    def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-            if time.monotonic() > deadline:
-                os.close(self.fd)
-                raise LifecycleError("another restart/stop of this container held %s for %ss; wait for it to "
-                                     "finish (or raise lock_timeout)" % (self.path, self.timeout_s))
-            time.sleep(POLL_S)
-
-    def __exit__(self, *exc):
-        os.close(self.fd)
+def lifecycle_lock(root, timeout_s):
+    """One lifecycle operation per container (runs root) at a time."""
+    return FileLock(os.path.join(root, LOCK_NAME), timeout_s, lambda path, t: LifecycleError(
+        "another restart/stop of this container held %s for %ss; wait for it to finish (or raise lock_timeout)"
+        % (path, t)), poll_s=POLL_S)
 
 
 def _unique_path(path):
@@ -371,7 +350,7 @@ def _change(req, timings):
     result = {"run": req["run"], "run_dir": req["run_dir"], "changed": False, "timings": timings,
               "log_path": os.path.join(req["run_dir"], LOG_NAME), "stopped": [], "kept": []}
     t_lock = time.monotonic()
-    with Lock(req["runs_root"], req["lock_timeout"]):
+    with lifecycle_lock(req["runs_root"], req["lock_timeout"]):
         timings["lock"] = round(time.monotonic() - t_lock, 3)
         runs, own_pid, own_launch = conflicting_runs(req)
         own_hb = own_heartbeat(req["run_dir"]) if own_pid is not None else None

@@ -18,8 +18,6 @@ untouched, so a failed or killed staging loses nothing. A real directory at dest
 adopted: its files are linked and checked against the source by content, then it is swapped for the symlink.
 """
 
-import errno
-import fcntl
 import json
 import os
 import re
@@ -27,6 +25,7 @@ import shutil
 import sys
 import time
 
+from .file_lock import FileLock
 from .weights_copy import copy_hashing, run_parallel
 from .weights_guards import RefusedError, check_room, check_users
 from .weights_manifest import (FORMAT, MANIFEST_NAME, hash_algorithm, hash_file, incomplete,
@@ -47,29 +46,11 @@ def _sibling(dest, tag):
     return os.path.join(parent, ".%s.%s" % (name, tag))
 
 
-class StageLock(object):
-    def __init__(self, dest, timeout_s):
-        self.path = _sibling(dest, "lock")
-        self.timeout_s = timeout_s
-        self.fd = None
-
-    def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-            if time.monotonic() > deadline:
-                raise RefusedError("another staging of %s held %s for %ss; wait for it to finish (or raise "
-                                   "lock_timeout)" % (os.path.basename(self.path)[1:-5], self.path, self.timeout_s))
-            time.sleep(0.2)
-
-    def __exit__(self, *exc):
-        os.close(self.fd)
+def stage_lock(dest, timeout_s):
+    """One stager per dest at a time."""
+    return FileLock(_sibling(dest, "lock"), timeout_s, lambda path, t: RefusedError(
+        "another staging of %s held %s for %ss; wait for it to finish (or raise lock_timeout)"
+        % (os.path.basename(dest), path, t)), poll_s=0.2)
 
 
 def current_state(dest):
@@ -277,7 +258,7 @@ def stage(req):
               "removed": [], "mismatched": [], "verified": [], "cleaned": [], "bytes_copied": 0,
               "files_total": len(source_files), "bytes_total": sum(f["size"] for f in source_files.values()),
               "manifest": os.path.join(dest, MANIFEST_NAME)}
-    lock = StageLock(dest, req["lock_timeout"]) if not check else None
+    lock = stage_lock(dest, req["lock_timeout"]) if not check else None
     if lock:
         lock.__enter__()
     try:
