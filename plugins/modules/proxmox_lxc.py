@@ -190,7 +190,7 @@ EXAMPLES = r"""
     rootfs: local-lvm:256
     unprivileged: false
     features: {nesting: true}
-    nets: [name=eth0,bridge=vmbr0,ip=dhcp]
+    nets: ["name=eth0,bridge=vmbr0,ip=dhcp"]
     mounts:
       - {source: /mnt/models, target: /mnt/models, read_only: true}
     gpus: [0, 1, 2, 3, 4, 5, 6, 7]

@@ -10,6 +10,7 @@ import yaml
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import (
     nvidia_userspace_backend, trainer_install_backend, training_backend, weights_backend)
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.proxmox import lxc_backend
 
 ROLES_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "roles")
 COERCE = {"float": float, "int": int, "bool": bool, "str": str, "path": str, "list": list, "dict": dict}
@@ -40,6 +41,14 @@ ROLES = {
     "nvidia_userspace": (nvidia_userspace_backend.argument_spec, {
         "transport", "pct_path", "host_version_file", "installer_dir", "installer_args", "staging_dir", "marker",
         "expected_gpus", "verify", "timeout"}, {}),
+    "proxmox_lxc": (lxc_backend.argument_spec, {
+        "api_port", "validate_certs", "api_timeout", "shm_margin", "trainer_memory_gib", "stop_timeout",
+        "task_timeout", "memory", "mounts", "weights_gib", "api_password", "node", "vmid"}, {
+        "proxmox_lxc_api_host": "required by the module; the role reads it from the host's ansible_host",
+        "proxmox_lxc_state": "the role starts the container; the module's default only makes it present",
+        "proxmox_lxc_api_user": "the role names root@pam; the module falls back to it (or PROXMOX_USER) when unset",
+        "proxmox_lxc_gpus": "the role always manages the GPU set (from dflash_*_gpus); the module only when given",
+    }),
 }
 
 

@@ -118,7 +118,7 @@ def same(key, want, have):
     if key == "unprivileged" or key == "onboot":
         return bool01(str(have)) == want
     if fam and fam.group(1) == "net":
-        w, h = parse_props(want, "name"), parse_props(have, "name")
+        w, h = parse_props(want, "_"), parse_props(have, "_")
         return all(h.get(k) == v for k, v in w.items())
     if fam and fam.group(1) == "dev":
         return parse_props(want, "path") == parse_props(have, "path")
@@ -139,10 +139,10 @@ def update_value(key, want, have):
     """The value to send for a changed key (a netN keeps its MAC address when none is asked for)."""
     fam = FAMILY.match(key)
     if fam and fam.group(1) == "net" and have:
-        w, h = parse_props(want, "name"), parse_props(have, "name")
+        w, h = parse_props(want, "_"), parse_props(have, "_")
         if "hwaddr" not in w and "hwaddr" in h:
             w["hwaddr"] = h["hwaddr"]
-            return format_props(w, "name")
+            return format_props(w, "_")
     return want
 
 
