@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash import container
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import (
     file_lock, gpu_release, nvidia_userspace, nvidia_version, procfs, run_lifecycle, run_name, trainer_install,
     trainer_record, trainer_venvs, weights_copy, weights_guards, weights_manifest, weights_stage)
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import TransportError
 
 PACKAGE = "dflash_lifecycle"
@@ -49,6 +51,29 @@ def sources():
                        nvidia_userspace):
             _SOURCES["%s.%s" % (PACKAGE, module.__name__.rsplit(".", 1)[-1])] = inspect.getsource(module)
     return _SOURCES
+
+
+def default_python(transport_mode):
+    # Locally the module's own interpreter surely exists; in a container python3 is the one to expect.
+    return sys.executable if transport_mode == "local" else "python3"
+
+
+def call_in_container(transport, params, request, entry, label, **failure_facts):
+    """main(request) of container/<entry>.py at the target, for a module with python/timeout/transport options.
+
+    A transport error or a refusal (failed/msg in the result) becomes ModuleFailure("<label>: <msg>") with the
+    result's other keys (plus failure_facts) as facts.
+    """
+    try:
+        result = run_lifecycle_remote(transport, request, timeout=params["timeout"], entry=entry,
+                                      python=params["python"] or default_python(params["transport"]))
+    except TransportError as exc:
+        raise ModuleFailure(str(exc))
+    if result.pop("failed", False):
+        msg = result.pop("msg", "failed")
+        result.update(failure_facts)
+        raise ModuleFailure("%s: %s" % (label, msg), **result)
+    return result
 
 
 def run_lifecycle_remote(transport, request, python="python3", timeout=None, entry="run_lifecycle"):

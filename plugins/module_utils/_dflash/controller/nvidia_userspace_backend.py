@@ -18,9 +18,8 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.argument_spec i
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.nvidia_version import (
     DriverVersionError, installer_name, parse_driver_version)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.lifecycle_shipping import (
-    run_lifecycle_remote)
+    call_in_container)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.training_backend import default_python
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import (
     Transport, TransportError, transport_argument_spec)
 
@@ -75,12 +74,8 @@ def _check_params(p):
 
 
 def _call(transport, p, request):
-    result = run_lifecycle_remote(transport, request, python=p["python"] or default_python(p["transport"]),
-                                  timeout=p["timeout"], entry="nvidia_userspace")
-    if result.pop("failed", False):
-        raise ModuleFailure("NVIDIA user space in %s: %s" % (transport.describe(), result.pop("msg", "failed")),
-                            **result)
-    return result
+    return call_in_container(transport, p, request, "nvidia_userspace",
+                             "NVIDIA user space in %s" % transport.describe())
 
 
 def ensure_userspace(module):

@@ -13,9 +13,8 @@ import re
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.argument_spec import ArgumentSpec
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.lifecycle_shipping import (
-    run_lifecycle_remote)
+    call_in_container)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.training_backend import default_python
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import (
     Transport, TransportError, transport_argument_spec)
 
@@ -107,12 +106,7 @@ def wheelhouse_files(directory):
 
 
 def _call(transport, request, p):
-    result = run_lifecycle_remote(transport, request, python=p["python"] or default_python(p["transport"]),
-                                  timeout=p["timeout"], entry="trainer_install")
-    if result.pop("failed", False):
-        raise ModuleFailure("trainer install in %s: %s" % (transport.describe(), result.pop("msg", "failed")),
-                            **result)
-    return result
+    return call_in_container(transport, p, request, "trainer_install", "trainer install in %s" % transport.describe())
 
 
 def install_trainer(module):

@@ -9,22 +9,15 @@ Uses only module.params, module.check_mode, module._diff and module.warn, so tes
 
 from __future__ import annotations
 
-import sys
-
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.argument_spec import ArgumentSpec
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.lifecycle_shipping import (
-    run_lifecycle_remote)
+    call_in_container)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.run_config import build_request
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import (
-    Transport, TransportError, transport_argument_spec)
+    Transport, transport_argument_spec)
 
 STATES = ("started", "stopped", "restarted", "status")
-
-
-def default_python(transport):
-    # Locally the module's own interpreter surely exists; in a container python3 is the one to expect.
-    return sys.executable if transport == "local" else "python3"
 
 
 def argument_spec():
@@ -69,15 +62,8 @@ def manage_run(module):
         transport = Transport.from_params(p)
     except ValueError as exc:
         raise ModuleFailure(str(exc))
-    try:
-        result = run_lifecycle_remote(transport, request, python=p["python"] or default_python(p["transport"]),
-                                      timeout=p["timeout"])
-    except TransportError as exc:
-        raise ModuleFailure(str(exc))
-    if result.pop("failed", False):
-        msg = result.pop("msg", "the lifecycle failed")
-        result.update(run=request["run"], run_dir=request["run_dir"])
-        raise ModuleFailure("run %s: %s" % (p["name"], msg), **result)
+    result = call_in_container(transport, p, request, "run_lifecycle", "run %s" % p["name"],
+                               run=request["run"], run_dir=request["run_dir"])
     if request["action"] == "started" and result.get("action") == "noop" and not result.get("same_config"):
         module.warn("run %s is alive with another configuration; use state=restarted to apply the new one"
                     % p["name"])

@@ -14,11 +14,10 @@ import re
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.argument_spec import ArgumentSpec
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.lifecycle_shipping import (
-    run_lifecycle_remote)
+    call_in_container)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.training_backend import default_python
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import (
-    Transport, TransportError, transport_argument_spec)
+    Transport, transport_argument_spec)
 
 DEST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # fullmatch; siblings are named .<name>.<tag>
 
@@ -71,14 +70,8 @@ def stage_weights(module):
         transport = Transport.from_params(p)
     except ValueError as exc:
         raise ModuleFailure(str(exc))
-    try:
-        result = run_lifecycle_remote(transport, request, python=p["python"] or default_python(p["transport"]),
-                                      timeout=p["timeout"], entry="weights_stage")
-    except TransportError as exc:
-        raise ModuleFailure(str(exc))
-    if result.pop("failed", False):
-        msg = result.pop("msg", "staging failed")
-        raise ModuleFailure("model_weights %s: %s" % (request["dest"], msg), staged=request["dest"], **result)
+    result = call_in_container(transport, p, request, "weights_stage", "model_weights %s" % request["dest"],
+                               staged=request["dest"])
     if not getattr(module, "_diff", False):
         result.pop("diff", None)
     result.setdefault("changed", False)
