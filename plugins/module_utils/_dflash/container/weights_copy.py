@@ -77,7 +77,7 @@ def run_parallel(jobs, threads):
             with lock:
                 results[key] = value
 
-    workers = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(threads, len(jobs))))]
+    workers = [threading.Thread(target=worker, daemon=True) for _n in range(max(1, min(threads, len(jobs))))]
     for w in workers:
         w.start()
     for w in workers:

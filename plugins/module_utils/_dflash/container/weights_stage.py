@@ -18,6 +18,7 @@ untouched, so a failed or killed staging loses nothing. A real directory at dest
 adopted: its files are linked and checked against the source by content, then it is swapped for the symlink.
 """
 
+import functools
 import json
 import os
 import re
@@ -151,7 +152,7 @@ def scan_files(d):
 def verify_in_place(base, manifest, actions, threads):
     """verify=full on an otherwise unchanged version: re-hash its files; mismatches become copies."""
     algo = manifest["hash"]
-    jobs = [(rel, (lambda rel: lambda abort: hash_file(os.path.join(base, rel), algo, abort))(rel))
+    jobs = [(rel, functools.partial(hash_file, os.path.join(base, rel), algo))
             for rel, a in actions.items() if a == "rehash"]
     hashes = run_parallel(jobs, threads)
     bad = sorted(rel for rel, h in hashes.items() if h != manifest["files"][rel]["hash"])
