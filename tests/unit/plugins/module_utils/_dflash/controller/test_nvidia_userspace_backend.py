@@ -1,7 +1,7 @@
 """nvidia_userspace's backend in local mode with a small module stand-in: the no-driver skip, the one-line
 refusals (unparsable version file, missing installer, flags that would build a kernel module), check mode. Nothing
 here writes outside tmp_path (no installer runs: that path is tested in test_nvidia_userspace.py and in a real
-container, tests/containers/test_nvidia_userspace.py)."""
+container, tests/containers/test_nvidia_userspace_in_container.py)."""
 import socket
 
 import pytest
