@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
 from dflash_trainer.make_tiny import write_dataset, write_target
 
 torch.set_num_threads(2)
+
+
+def _builtin_sys_intern():
+    # In one pytest run with the collection's tests, importing ansible.module_utils.basic replaces sys.intern with
+    # ansible's SysInternPatch object for the whole process, and torch.compile (dynamo) refuses it. The trainer never
+    # shares a process with Ansible in production: give these tests the builtin back.
+    sys.intern = getattr(sys.intern, "unpatched_implementation", sys.intern)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def builtin_sys_intern_for_the_session():
+    _builtin_sys_intern()
+
+
+@pytest.fixture(autouse=True)
+def builtin_sys_intern():
+    _builtin_sys_intern()
 
 
 @pytest.fixture(scope="session")
