@@ -20,9 +20,9 @@ import ctypes
 import json
 import os
 import subprocess
-import sys
 import time
 
+from .entry import answer
 from .nvidia_version import library_version
 
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
@@ -202,15 +202,11 @@ def verify(req):
 ACTIONS = {"detect": detect, "install": install, "verify": verify}
 
 
+def _handle(req):
+    if req.get("action") not in ACTIONS:
+        raise UserspaceError("unknown action %r" % req.get("action"))
+    return ACTIONS[req["action"]](req)
+
+
 def main(req):
-    try:
-        if req.get("action") not in ACTIONS:
-            raise UserspaceError("unknown action %r" % req.get("action"))
-        out = ACTIONS[req["action"]](req)
-    except UserspaceError as exc:
-        out = {"failed": True, "msg": str(exc)}
-        out.update(exc.facts)
-    except Exception as exc:  # report, never a traceback on the operator's screen
-        out = {"failed": True, "msg": "nvidia user-space error: %s: %s" % (type(exc).__name__, exc)}
-    sys.stdout.write(json.dumps(out, default=str) + "\n")
-    sys.stdout.flush()
+    answer(_handle, req, (UserspaceError,), "nvidia user-space error")

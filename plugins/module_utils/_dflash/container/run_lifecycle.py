@@ -14,9 +14,9 @@ import errno
 import json
 import os
 import subprocess
-import sys
 import time
 
+from .entry import answer
 from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
 from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
@@ -401,19 +401,11 @@ def _change(req, timings):
     return result
 
 
+def _handle(req):
+    validate_run_name(req.get("run"))
+    return status(req) if req["action"] == "status" else change(req)
+
+
 def main(req):
-    try:
-        validate_run_name(req.get("run"))
-        if req["action"] == "status":
-            out = status(req)
-        else:
-            out = change(req)
-    except LifecycleError as exc:
-        out = {"failed": True, "msg": str(exc)}
-        out.update(exc.facts)
-    except ValueError as exc:  # a request the controller should have refused
-        out = {"failed": True, "msg": str(exc)}
-    except Exception as exc:  # report, never a traceback on the operator's screen
-        out = {"failed": True, "msg": "lifecycle error: %s: %s" % (type(exc).__name__, exc)}
-    sys.stdout.write(json.dumps(out, default=str) + "\n")
-    sys.stdout.flush()
+    # ValueError: a request the controller should have refused.
+    answer(_handle, req, (LifecycleError, ValueError), "lifecycle error")

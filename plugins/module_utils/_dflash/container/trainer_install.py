@@ -22,6 +22,7 @@ import time
 import zipfile
 
 from . import trainer_venvs as venvs
+from .entry import answer
 from .trainer_record import RECORD_NAME
 
 STAGING_PREFIX = ".staging-"
@@ -168,25 +169,20 @@ def _prune(req, result, decided):
     return result
 
 
-def main(req):
+def _handle(req):
+    if req["action"] == "plan":
+        return plan(req)
+    if req["action"] != "install":
+        raise InstallError("unknown action %r" % req["action"])
+    os.makedirs(req["venvs_root"], exist_ok=True)
+    # One install per container at a time (released when this process ends, also when it is killed).
+    lock = os.open(os.path.join(req["venvs_root"], LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        if req["action"] == "plan":
-            out = plan(req)
-        elif req["action"] == "install":
-            os.makedirs(req["venvs_root"], exist_ok=True)
-            # One install per container at a time (released when this process ends, also when it is killed).
-            lock = os.open(os.path.join(req["venvs_root"], LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                out = install(req)
-            finally:
-                os.close(lock)
-        else:
-            raise InstallError("unknown action %r" % req["action"])
-    except InstallError as exc:
-        out = {"failed": True, "msg": str(exc)}
-        out.update(exc.facts)
-    except Exception as exc:  # report, never a traceback on the operator's screen
-        out = {"failed": True, "msg": "trainer install error: %s: %s" % (type(exc).__name__, exc)}
-    sys.stdout.write(json.dumps(out, default=str) + "\n")
-    sys.stdout.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return install(req)
+    finally:
+        os.close(lock)
+
+
+def main(req):
+    answer(_handle, req, (InstallError,), "trainer install error")

@@ -19,13 +19,12 @@ adopted: its files are linked and checked against the source by content, then it
 """
 
 import functools
-import json
 import os
 import re
 import shutil
-import sys
 import time
 
+from .entry import answer
 from .file_lock import FileLock
 from .weights_copy import copy_hashing, run_parallel
 from .weights_guards import RefusedError, check_room, check_users
@@ -307,14 +306,4 @@ def stage(req):
 
 
 def main(req):
-    try:
-        out = stage(req)
-    except RefusedError as exc:
-        out = {"failed": True, "msg": str(exc)}
-        out.update(exc.facts)
-    except ValueError as exc:
-        out = {"failed": True, "msg": str(exc)}
-    except Exception as exc:  # report, never a traceback on the operator's screen
-        out = {"failed": True, "msg": "weights staging error: %s: %s" % (type(exc).__name__, exc)}
-    sys.stdout.write(json.dumps(out, default=str) + "\n")
-    sys.stdout.flush()
+    answer(stage, req, (RefusedError, ValueError), "weights staging error")
