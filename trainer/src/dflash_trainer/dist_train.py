@@ -1,0 +1,436 @@
+"""dflash-train under torchrun: target ranks feed drafter ranks through bounded hidden-state queues.
+
+One host, CPU (tests; gloo), 1 target rank + 2 drafter ranks:
+    python -m torch.distributed.run --standalone --nproc-per-node 3 -m dflash_trainer.cli \
+        --target-model /tmp/demo/target --data-dir /tmp/demo/data --output-dir /tmp/demo/out \
+        --target-gpus '' --drafter-gpus '' --target-ranks 1 --grad-accum 1 ...
+One host, 8 GPUs (5 target ranks, 3 drafter ranks; NCCL):
+    torchrun --standalone --nproc-per-node 8 --shutdown-timeout 600 -m dflash_trainer.cli \
+        --target-model /models/Qwen3.6-27B --data-dir /data/tok --output-dir /runs/r1/out \
+        --target-gpus 0,1,2,3,4 --drafter-gpus 5,6,7 --hs-queue-depth 90 --hs-queue-min-ready 30
+Several hosts (the same command on each; rank order = node rank order, targets first):
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29500 --rdzv-id r1 \
+        --shutdown-timeout 600 -m dflash_trainer.cli ... --target-gpus 0,...,7 --drafter-gpus 0,...,7
+(torchrun = python -m torch.distributed.run.) torchrun starts every rank in a session of its own and SIGKILLs
+them --shutdown-timeout seconds after SIGTERM (default 30): set it at least to the stop timeout, and signal the
+ranks themselves (their pids are in <run-dir>/ranks/); see dist_world.py.
+
+The schedule is the single-process one with G = --grad-accum x D micro-batches per optimizer step: stream
+item k (the k-th batch since this job started) is computed by target rank k % T; micro-batch g of a step is
+trained on drafter rank g // --grad-accum, with the seed the single-process run gives micro-batch g. DDP
+averages the drafters' gradients, so a job of D drafter ranks follows the same trajectory as one process
+with --grad-accum G (float rounding aside). Checkpoints (same format as one process, written by the first
+drafter rank) hold the data position after the last full step: a resume under any world size repeats and
+skips no batch; items still in the queues are dropped and recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+import traceback
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dflash_trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids, validate_paths
+from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
+from dflash_trainer.dist_world import World, close_world, init_world
+from dflash_trainer.drafter import DrafterConfig
+from dflash_trainer.heartbeat import Heartbeat
+from dflash_trainer.hs_queue import HiddenStateQueue
+from dflash_trainer.hs_transport import Item, Receiver, Sender
+from dflash_trainer.loss import acceptance_proxy
+from dflash_trainer.step import derived_seed, drafter_micro_batch
+from dflash_trainer.telemetry import JsonlWriter
+
+STOP_REQUESTED, STOP_AT, PROGRESS, ERROR = "dflash/stop_requested", "dflash/stop_at", "dflash/progress", "dflash/error"
+
+
+@dataclass
+class Slot:
+    step: int
+    micro: int          # g, over all drafter ranks
+    k: int              # stream index since this job started
+    indices: list[int]  # dataset rows
+
+
+class Schedule:
+    """The single-process loop's batch order, as (step, slots, data position after the step)."""
+
+    def __init__(self, dataset, cfg: TrainConfig, data_state: dict | None, step0: int, total_steps: int,
+                 micro_per_step: int):
+        self.loader = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size)
+        if data_state is not None:
+            self.loader.load_state_dict(data_state)
+        self.epochs, self.step0, self.total_steps, self.G = cfg.epochs, step0, total_steps, micro_per_step
+
+    def steps(self):
+        loader, step, k = self.loader, self.step0, 0
+        while step < self.total_steps and loader.epoch < self.epochs:
+            slots = []
+            for g in range(self.G):
+                if loader.batch_index >= loader.batches_in_epoch() and loader.epoch + 1 >= self.epochs:
+                    break  # the last epoch ends mid-step, as in train.py
+                slots.append(Slot(step, g, k, loader._next_indices()))
+                k += 1
+            if not slots:
+                return
+            yield step, slots, loader.state_dict()
+            step += 1
+
+
+class _Frozen:
+    """What training_drafter needs of the target: its embedding and lm_head, read without the whole model."""
+
+    def __init__(self, model_dir: str):
+        import glob
+
+        from safetensors import safe_open
+        from transformers import AutoConfig, AutoModelForCausalLM
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+        embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        names = {"embed": [n for n, p in model.named_parameters(remove_duplicate=False) if p is embed],
+                 "head": [n for n, p in model.named_parameters(remove_duplicate=False) if p is head]}
+        found = {}
+        for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+            with safe_open(path, "pt") as f:
+                keys = set(f.keys())
+                for what, candidates in names.items():
+                    for name in candidates:
+                        if what not in found and name in keys:
+                            found[what] = f.get_tensor(name)
+        if "head" not in found and embed is head and "embed" in found:
+            found["head"] = found["embed"]  # tied embeddings
+        if set(found) != {"embed", "head"}:
+            raise StartupError(f"--target-model {model_dir}: embedding/lm_head weights {names} not found in its "
+                               "*.safetensors; the drafter ranks need them (re-stage the model)")
+        self.embed, self.head = found["embed"], found["head"]
+
+    def embed_weight(self):
+        return self.embed
+
+    def lm_head_weight(self):
+        return self.head
+
+
+class _DDPDrafter(torch.nn.parallel.DistributedDataParallel):
+    """DDP whose unknown attributes (cfg, fc, lm_head) are the drafter's, so step.drafter_micro_batch takes it."""
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":
+                raise
+            return getattr(super().__getattr__("module"), name)
+
+
+def log(world: World, msg: str) -> None:
+    print(f"{world.tag()} {msg}", flush=True)
+
+
+def _store_int(store, key: str) -> int | None:
+    return int(store.get(key)) if store.check([key]) else None
+
+
+def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading.Event) -> None:
+    from dflash_trainer.target import FrozenTarget
+    target = FrozenTarget(cfg.target_model, world.device, layer_ids, need_last_hidden=cfg.use_soft_labels)
+    dist.barrier()  # every rank is loaded: the drafters' receivers start only now
+    T, D, accum = world.num_target_ranks, world.num_drafter_ranks, cfg.grad_accum
+    sender = Sender(world.data_group, world.data_backend, world.device)
+    stop_at, ended, requested, num_items, t0 = None, set(), False, 0, time.perf_counter()
+    for _, slots, _ in schedule.steps():
+        for slot in slots:
+            if slot.k % T != world.role_rank:
+                continue
+            dst = T + slot.micro // accum
+            if stop.is_set() and not requested:
+                world.store.set(STOP_REQUESTED, str(world.rank))
+                requested = True
+            if stop_at is None:
+                stop_at = _store_int(world.store, STOP_AT)
+            if stop_at is not None and slot.step > stop_at:
+                if dst not in ended:  # this drafter expects something from us: tell it nothing more comes
+                    sender.send_end(dst)
+                    ended.add(dst)
+                if len(ended) == D:
+                    break
+                continue
+            batch = collate(schedule.loader.dataset, slot.indices)
+            taps, last = target(batch.input_ids)
+            sender.send(dst, Item(slot.k, slot.step, slot.micro, batch.input_ids, batch.loss_mask, batch.lengths,
+                                  list(taps), last))
+            num_items += 1
+        if len(ended) == D:
+            break
+    sender.close()
+    elapsed = time.perf_counter() - t0
+    log(world, f"target done: {num_items} micro-batches in {elapsed:.1f} s, {sender.bytes_sent / 2**20:.1f} MiB sent")
+
+
+def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_steps: int,
+                stop: threading.Event) -> None:
+    from dflash_trainer.schedule import Schedule as LrSchedule
+    from dflash_trainer.train import rng_state, training_drafter
+    d, D, T, accum, G = world.role_rank, world.num_drafter_ranks, world.num_target_ranks, cfg.grad_accum, \
+        cfg.grad_accum * world.num_drafter_ranks
+    frozen = _Frozen(cfg.target_model)
+    torch.manual_seed(cfg.seed)  # the drafter's init draws exactly as in the single-process run
+    drafter = training_drafter(drafter_cfg, frozen, world.device, cfg.compile_layers)
+    del frozen
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    lr_schedule = LrSchedule(cfg, total_steps)
+    step, num_bad_total, train_s, num_sequences = 0, 0, 0.0, 0
+    if state is not None:
+        model_state, saved_cfg, train_state = state
+        if DrafterConfig.from_dict(saved_cfg) != drafter_cfg:
+            raise StartupError("the checkpoint was trained with a different drafter config; use a new --output-dir "
+                               "or the original flags")
+        drafter.load_trainable_state_dict(model_state)
+        optimizer.load_state_dict(train_state["optimizer"])
+        step, num_bad_total = train_state["step"], train_state.get("num_bad_steps", 0)
+        train_s, num_sequences = train_state["scheduler"].get("train_s", 0.0), train_state.get("num_sequences", 0)
+    ddp = _DDPDrafter(drafter, process_group=world.drafter_group,
+                      device_ids=[world.device] if world.device.type == "cuda" else None)
+
+    def mine(slots):
+        return [s for s in slots if s.micro // accum == d]
+
+    def expected():
+        for _, slots, _ in schedule_factory().steps():
+            for s in mine(slots):
+                yield s.k, s.step, s.micro, s.k % T
+
+    num_mine = sum(1 for _ in expected())
+    hs_queue = HiddenStateQueue(cfg.hs_queue_depth, min(cfg.hs_queue_min_ready, num_mine))
+    dist.barrier()
+    receiver = Receiver(expected(), hs_queue, world.data_group, world.data_backend, world.device,
+                        drafter_cfg.num_taps, drafter_cfg.hidden_size).start()
+    log(world, f"waiting for {hs_queue.min_ready} of my {num_mine} micro-batches (queue depth {hs_queue.depth})")
+    hs_queue.wait_ready(hs_queue.min_ready, stop)
+
+    leader = world.is_drafter_leader
+    metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl")) if leader else None
+    S = drafter_cfg.block_size
+    window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+    data_state, last_saved = None, step if state is not None else -1
+
+    def checkpoint() -> None:
+        if leader:
+            t0 = time.perf_counter()
+            train_state = {"optimizer": optimizer.state_dict(), "scheduler": {"train_s": train_s},
+                           "data": data_state, "rng": rng_state(), "step": step, "num_bad_steps": num_bad_total,
+                           "num_sequences": num_sequences, "config": cfg.to_dict(), "world": world.layout}
+            path = save_checkpoint(cfg.output_dir, step, drafter.trainable_state_dict(), drafter_cfg.to_dict(),
+                                   train_state, cfg.keep_checkpoints)
+            log(world, f"checkpoint {path} ({time.perf_counter() - t0:.2f} s)")
+        dist.barrier(group=world.drafter_group)  # no drafter leaves before the checkpoint is complete
+
+    def agree_to_stop(local: bool) -> bool:
+        flag = torch.tensor([float(local or stop.is_set() or world.store.check([STOP_REQUESTED]))])
+        dist.all_reduce(flag, group=world.drafter_group)
+        return flag.item() > 0
+
+    stopping = agree_to_stop(False)
+    drafter.train()
+    for s, slots, data_after in ([] if stopping else schedule_factory().steps()):
+        t_step = time.perf_counter()
+        lr, amp = lr_schedule.lr(s, train_s), lr_schedule.noise(s, train_s)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        my_slots = mine(slots)
+        # DDP all-reduces during the last backward; when some drafter has no micro-batch in this (last, short)
+        # step, every drafter sums gradients by hand instead, so nobody waits for a backward that never comes.
+        by_hand = len(slots) <= (D - 1) * accum
+        loss_sum = torch.zeros((), device=world.device)
+        correct, count, tokens = torch.zeros(S, device=world.device), torch.zeros(S, device=world.device), 0
+        for i, slot in enumerate(my_slots):
+            item = hs_queue.get()
+            assert (item.k, item.micro) == (slot.k, slot.micro), (item.k, slot.k)
+            sync = by_hand or i + 1 < len(my_slots)
+            with ddp.no_sync() if sync else _nothing():
+                out = drafter_micro_batch(ddp, item.taps, item.last, item.input_ids, item.loss_mask, item.lengths,
+                                          max_anchors=cfg.max_anchors, gamma=cfg.gamma, noise_amplitude=amp,
+                                          seed=derived_seed(cfg.seed, s, slot.micro),
+                                          head_chunk_size=cfg.head_chunk_size)
+                (out.loss / accum).backward()
+            loss_sum += out.loss.detach()
+            correct += out.slot_correct
+            count += out.slot_count
+            tokens += int(item.lengths.sum())
+        if by_hand:
+            for p in trainable:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=world.drafter_group)
+                p.grad /= D
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        local_stop = stop.is_set() or world.store.check([STOP_REQUESTED])
+        # the one host sync per optimizer step (CPU tensor: gloo, also in a cpu:gloo,cuda:nccl group); the
+        # step's time is averaged, so every drafter holds the same train_s (a time-budget schedule stays in step)
+        stats = torch.tensor([float(loss_sum), len(my_slots), tokens, float(local_stop),
+                              time.perf_counter() - t_step, sum(len(x.indices) for x in my_slots)]
+                             + correct.tolist() + count.tolist(), dtype=torch.float64)
+        dist.all_reduce(stats, group=world.drafter_group)
+        loss_value, tokens_all = stats[0].item() / stats[1].item(), int(stats[2])
+        train_s += stats[4].item() / D
+        num_sequences += int(stats[5])
+        stopping = stats[3].item() > 0 or lr_schedule.budget_spent(train_s)
+        correct_all, count_all = stats[6:6 + S], stats[6 + S:]
+        if math.isfinite(loss_value) and math.isfinite(float(grad_norm)):
+            optimizer.step()
+        else:  # unlike one process, a skipped update still uses up its step: the targets have moved on
+            num_bad_total += 1
+            log(world, f"step {s}: non-finite loss {loss_value} / grad norm {float(grad_norm)}: update skipped")
+        optimizer.zero_grad(set_to_none=True)
+        step, data_state = s + 1, data_after
+        elapsed = time.perf_counter() - t_step
+        window["loss"] += loss_value
+        window["tokens"] += tokens_all
+        window["time"] += elapsed
+        window["steps"] += 1
+        for slot in slots:
+            window["crc"] = zlib.crc32(str(slot.indices).encode(), window["crc"])
+        window["correct"] = correct_all if window["correct"] is None else window["correct"] + correct_all
+        window["count"] = count_all if window["count"] is None else window["count"] + count_all
+        if leader:
+            world.store.set(PROGRESS, json.dumps({"step": step, "epoch": data_state["epoch"], "loss": loss_value,
+                                                  "tokens_per_s": tokens_all / max(elapsed, 1e-9),
+                                                  "queue_depth": len(hs_queue)}))
+        if leader and (step % cfg.log_interval == 0 or step == total_steps):
+            acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
+            row = {"step": step, "epoch": data_state["epoch"], "loss": window["loss"] / window["steps"],
+                   "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
+                   "tokens_per_s": window["tokens"] / window["time"], "lr": lr,
+                   "noise": amp, "grad_norm": float(grad_norm), "num_bad_steps": num_bad_total,
+                   "data_crc": window["crc"], "queue_high_water": hs_queue.high_water,
+                   "queue_wait_s": round(hs_queue.wait_s, 4), "time": time.time()}
+            metrics.write(row)
+            log(world, f"step {step} epoch {data_state['epoch']} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
+                       f"tau {row['tau_proxy']:.3f} tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} queue {len(hs_queue)}"
+                       f"/{hs_queue.depth}")
+            window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+        if stopping:
+            break
+        if step % cfg.checkpoint_interval == 0:
+            checkpoint()
+            last_saved = step
+
+    if stopping and leader:
+        world.store.set(STOP_AT, str(step - 1))  # targets send nothing for later steps
+    if stopping:
+        hs_queue.drain()
+    if last_saved != step and data_state is not None:
+        checkpoint()
+    receiver.join()
+    log(world, f"drafter done at step {step}{' (stopped)' if stopping else ''}; queue high water "
+               f"{hs_queue.high_water}/{hs_queue.depth}, waited {hs_queue.wait_s:.2f} s for hidden states")
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _relay_progress(world: World, heartbeat: Heartbeat, done: threading.Event) -> None:
+    """Rank 0 writes the heartbeat; the step, loss and speed are the first drafter rank's (via the store)."""
+    while not done.wait(heartbeat.interval_s):
+        try:
+            if world.store.check([PROGRESS]):
+                heartbeat.update(**json.loads(world.store.get(PROGRESS)))
+        except Exception:  # noqa: BLE001 - a store hiccup must not end the run; the next poll retries
+            pass
+
+
+def main(cfg: TrainConfig) -> int:
+    """One rank of a torchrun job; dflash-train's entry comes here when WORLD_SIZE > 1."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        world = init_world(cfg)
+    except StartupError as e:
+        print(f"dflash-train: error: rank {os.environ.get('RANK')}: {e}", flush=True)
+        return 2
+    heartbeat = None
+    if world.rank == 0:
+        heartbeat = Heartbeat(cfg.run_dir, cfg.heartbeat_interval)
+        heartbeat.update(pid=os.getppid(), rank0_pid=os.getpid(), world=world.layout)  # pid: the agent's, as launched
+        heartbeat.write()
+        heartbeat.start()
+    done = threading.Event()
+    try:
+        validate_paths(cfg)
+        from transformers import AutoConfig
+        target_config = AutoConfig.from_pretrained(cfg.target_model)
+        num_target_layers = getattr(target_config, "text_config", target_config).num_hidden_layers
+        layer_ids = cfg.target_layer_ids or default_target_layer_ids(num_target_layers, cfg.num_target_taps)
+        drafter_cfg = DrafterConfig.from_target(target_config, cfg.num_draft_layers, layer_ids, cfg.block_size,
+                                                cfg.mask_token_id, cfg.split_fc_layers)
+        dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
+        G = cfg.grad_accum * world.num_drafter_ranks
+        batches = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size).batches_in_epoch(0)
+        total_steps = cfg.epochs * math.ceil(batches / G)
+        if cfg.max_steps is not None:
+            total_steps = min(total_steps, cfg.max_steps)
+        resume_from = find_latest(cfg.output_dir)
+        state, step0, data_state = None, 0, None
+        if resume_from is not None:
+            if world.is_target:  # the data position only; mmap spares reading the optimizer state
+                train_state = torch.load(os.path.join(resume_from, "train_state.pt"), mmap=True, weights_only=False)
+            else:
+                state = load_checkpoint(resume_from)
+                train_state = state[2]
+            step0, data_state = train_state["step"], train_state["data"]
+        dist.barrier()  # everybody has read `latest` before anybody may write a newer one
+
+        def schedule():
+            return Schedule(dataset, cfg, data_state, step0, total_steps, G)
+
+        if world.rank == 0:
+            log(world, f"world: {world.num_target_ranks} target + {world.num_drafter_ranks} drafter ranks "
+                       f"({world.data_backend} transport); micro-batches per optimizer step: {cfg.grad_accum} x "
+                       f"{world.num_drafter_ranks} = {G}; {total_steps} optimizer steps"
+                       + (f"; resumed from {resume_from} at step {step0}" if resume_from else ""))
+            heartbeat.set_phase("training", step=step0)
+            threading.Thread(target=_relay_progress, args=(world, heartbeat, done), daemon=True).start()
+        if world.is_target:
+            run_target(cfg, world, schedule(), layer_ids, stop)
+        else:
+            run_drafter(cfg, world, schedule, drafter_cfg, state, total_steps, stop)
+        dist.barrier()
+        status = 0
+    except BaseException as e:  # noqa: BLE001 - every failure must name its rank and reach the log
+        traceback.print_exc()
+        message = " ".join(f"{type(e).__name__}: {e}".split())
+        log(world, f"error: {message}")
+        try:
+            world.store.set(ERROR, f"rank {world.rank}: {message}")
+        except Exception:  # noqa: BLE001
+            pass
+        if heartbeat is not None:
+            heartbeat.stop()
+            heartbeat.set_phase("failed", error=f"rank {world.rank}: {message}")
+        status = 2 if isinstance(e, StartupError) else 1
+        os._exit(status)  # peers may be blocked in collectives with us: leave now, torchrun ends the job
+    done.set()
+    if heartbeat is not None:
+        heartbeat.stop()
+        if world.store.check([PROGRESS]):
+            heartbeat.update(**json.loads(world.store.get(PROGRESS)))
+        heartbeat.set_phase("finished", **({"stopped": "SIGTERM"} if stop.is_set() else {}))
+    close_world(world)
+    return status
