@@ -89,3 +89,23 @@ def test_restart_playbook_refuses_bad_runs(tmp_path, extravars, msg):
     assert status == "failed"
     assert any(msg in (e["res"].get("msg") or "") for e in ev)
     assert not (tmp_path / "runs").exists()
+
+
+def test_check_mode_creates_nothing_and_says_would_launch(tmp_path):
+    status, ev = _play(tmp_path, "restart_training.yml", {"run": "r1"}, check=True)
+    assert status == "successful" and module_result(ev)["changed"]
+    summary = [e["res"]["msg"] for e in ev if e["task"] == "Summarize"][0]
+    assert summary.startswith("run r1: would launch (check mode: nothing was changed)"), summary
+    assert "launched" not in summary
+    assert not (tmp_path / "runs").exists()  # no runs root, no lock file
+
+
+@pytest.mark.parametrize("root", ["/", "/etc", "/var"])
+def test_a_system_directory_as_runs_root_is_refused_before_anything_changes(tmp_path, root):
+    status, ev = _play(tmp_path, "restart_training.yml", {"run": "r1", "dflash_runs_root": root})
+    assert status == "failed"
+    msg = module_result(ev)["msg"]
+    assert msg == ("runs_root %s is a system directory; give the runs a directory of their own "
+                   "(e.g. dflash_runs_root=/workspace/runs)" % root)
+    assert not os.path.exists(os.path.join(root, "r1"))
+    assert not os.path.exists(os.path.join(root, ".dflash-lifecycle.lock"))

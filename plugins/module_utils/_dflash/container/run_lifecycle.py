@@ -21,6 +21,7 @@ from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
 from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
 from .run_name import validate_run_name
+from .run_paths import check_not_system_dir, check_reserved_env
 from .trainer_record import TrainerRefused, check_trainer
 
 LOCK_NAME = ".dflash-lifecycle.lock"
@@ -344,13 +345,28 @@ def change(req):
         raise
 
 
+class _NoLock(object):
+    """Check mode reads state without the lock: taking it would create the runs root and the lock file."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def _change(req, timings):
     action, check = req["action"], req.get("check_mode", False)
-    os.makedirs(req["runs_root"], exist_ok=True)
+    # Again here, on the real paths (a link to / or /etc is refused too), before anything is created.
+    check_not_system_dir(req["runs_root"], "runs_root", real=True)
+    check_not_system_dir(req["run_dir"], "run_dir", real=True)
+    check_reserved_env(req.get("env"), req.get("secret_env"))
+    if not check:
+        os.makedirs(req["runs_root"], exist_ok=True)
     result = {"run": req["run"], "run_dir": req["run_dir"], "changed": False, "timings": timings,
               "log_path": os.path.join(req["run_dir"], LOG_NAME), "stopped": [], "kept": []}
     t_lock = time.monotonic()
-    with lifecycle_lock(req["runs_root"], req["lock_timeout"]):
+    with _NoLock() if check else lifecycle_lock(req["runs_root"], req["lock_timeout"]):
         timings["lock"] = round(time.monotonic() - t_lock, 3)
         runs, own_pid, own_launch = conflicting_runs(req)
         own_hb = own_heartbeat(req["run_dir"]) if own_pid is not None else None

@@ -15,6 +15,8 @@ import posixpath
 import re
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.run_name import validate_run_name
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.run_paths import (
+    check_not_system_dir, check_reserved_env)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import validate_env
 
 FLAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # fullmatch: "$" would let a trailing newline in
@@ -63,8 +65,9 @@ def build_request(params, check_mode=False, diff=False):
     """Validate module params (every option present, defaults filled by the argument spec) and return the
     JSON request for the in-container run_lifecycle.main()."""
     name = validate_run_name(params["name"])
-    runs_root = _absolute(params["runs_root"], "runs_root")
-    run_dir = _absolute(params["run_dir"] or posixpath.join(runs_root, name), "run_dir")
+    runs_root = check_not_system_dir(_absolute(params["runs_root"], "runs_root"), "runs_root")
+    run_dir = check_not_system_dir(_absolute(params["run_dir"] or posixpath.join(runs_root, name), "run_dir"),
+                                   "run_dir")
     gpus = list(params["gpus"] or [])
     if any((not isinstance(g, int)) or g < 0 for g in gpus):
         raise ValueError("gpus must be a list of GPU indexes (integers >= 0), got %r" % (gpus,))
@@ -72,6 +75,7 @@ def build_request(params, check_mode=False, diff=False):
     secret_env = dict(params["secret_env"] or {})
     validate_env(env)
     validate_env(secret_env)
+    check_reserved_env(env, secret_env)
     clash = sorted(set(env) & set(secret_env))
     if clash:
         raise ValueError("%s set in both env and secret_env: keep each variable in one of them" % ", ".join(clash))

@@ -462,3 +462,33 @@ def test_log_tail_reads_the_last_lines(tmp_path):
     path.write_bytes(b"".join(b"line %d\n" % i for i in range(100000)) + b"\xff\xfe last")
     assert run_lifecycle.log_tail(str(path), 3) == ["line 99998", "line 99999", "\ufffd\ufffd last"]
     assert run_lifecycle.log_tail(str(tmp_path / "absent.log"), 3) == []
+
+
+# --- check mode creates nothing; system directories and the run directory (issue 20, item 5) -------------------
+
+def test_check_mode_creates_no_runs_root_and_no_lock_file(runs_root):
+    for state in ("restarted", "started", "stopped"):
+        res = run_lifecycle.change(make_req(runs_root, state=state, check_mode=True))
+        assert res["changed"] is (state != "stopped")
+        assert not runs_root.exists(), state
+    runs_root.mkdir()
+    res = run_lifecycle.change(make_req(runs_root, check_mode=True))
+    assert res["action"] == "launched" and res["changed"]
+    assert os.listdir(str(runs_root)) == []  # no lock file, no run directory
+
+
+def test_a_runs_root_linked_to_a_system_directory_is_refused_in_the_container(tmp_path, capsys):
+    link = tmp_path / "runs"
+    link.symlink_to("/etc")
+    out = run_main(make_req(link), capsys)
+    assert out["failed"] and out["msg"] == ("runs_root %s (-> /etc) is a system directory; give the runs a directory "
+                                            "of their own (e.g. dflash_runs_root=/workspace/runs)" % link)
+    assert not os.path.exists("/etc/r1") and not os.path.exists("/etc/" + run_lifecycle.LOCK_NAME)
+
+
+def test_reserved_env_is_refused_in_the_container_too(runs_root, capsys):
+    req = make_req(runs_root)
+    req["env"] = {"DFLASH_RUN_DIR": "/etc"}
+    out = run_main(req, capsys)
+    assert out["failed"] and out["msg"].startswith("the run's env sets DFLASH_RUN_DIR")
+    assert not runs_root.exists()

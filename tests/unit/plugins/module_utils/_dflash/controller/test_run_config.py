@@ -1,4 +1,7 @@
 """Run names, the trainer argv and the fingerprint."""
+import posixpath
+import re
+
 import pytest
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config as rc
@@ -58,3 +61,27 @@ def test_request_carries_every_lifecycle_option():
     # The lifecycle reads these keys; a spec option renamed without build_request following would KeyError.
     req = rc.build_request(params(name="r", command=["t"], settle_time=2.5, phase_timeout=7.0), diff=True)
     assert req["settle_time"] == 2.5 and req["phase_timeout"] == 7.0 and req["diff"] is True
+
+
+@pytest.mark.parametrize("root", ["/", "/etc", "/usr/", "/var", "/root", "/run", "/lib64", "//etc/./", "/proc"])
+def test_runs_root_that_is_a_system_directory_is_refused(root):
+    with pytest.raises(ValueError, match=r"^runs_root %s is a system directory; give the runs a directory of their "
+                                         r"own \(e\.g\. dflash_runs_root=/workspace/runs\)$" % re.escape(posixpath.normpath(root))):
+        rc.build_request(params(name="r1", runs_root=root, command=["t"]))
+
+
+@pytest.mark.parametrize("root", ["/etc/dflash", "/var/lib/runs", "/workspace/runs", "/tmp"])
+def test_runs_root_below_a_system_directory_is_allowed(root):
+    assert rc.build_request(params(name="r1", runs_root=root, command=["t"]))["run_dir"] == root + "/r1"
+
+
+def test_run_dir_option_that_is_a_system_directory_is_refused():
+    with pytest.raises(ValueError, match="^run_dir /etc is a system directory"):
+        rc.build_request(params(name="r1", runs_root="/workspace/runs", run_dir="/etc", command=["t"]))
+
+
+@pytest.mark.parametrize("where", ["env", "secret_env"])
+@pytest.mark.parametrize("var", ["DFLASH_RUN_DIR", "DFLASH_RUN_NAME"])
+def test_env_cannot_set_the_run_directory(where, var):
+    with pytest.raises(ValueError, match="^the run's env sets %s, which the lifecycle sets itself" % var):
+        rc.build_request(params(name="r1", command=["t"], **{where: {var: "/etc"}}))
