@@ -11,19 +11,26 @@ One process, CPU (tiny demo):
 One host with GPUs (the target on the first --target-gpus entry, the drafter on the first --drafter-gpus):
     dflash-train --target-model /models/Qwen3-8B --data-dir /data/tok --output-dir /runs/r1/out \
         --target-gpus 0 --drafter-gpus 1
+By wall clock (lr and noise follow the training time; a kept checkpoint at 2 and 5 minutes and at the end):
+    dflash-train ... --time-budget-min 10 --snapshot-minutes 2,5 --compile-warmup-batches 2 --epochs 100
 Exit status: 0 finished (also after SIGTERM, which checkpoints first); 2 refused at start; 1 failed.
+
+The flags are not declared here: each is a field of config.TrainConfig (default, help, parsing, check), and
+build_parser() generates them (add_train_flags, which drivers such as benchmarks/proof_smollm2.py use too).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
 import threading
 import traceback
 
-from dflash_trainer.config import StartupError, TrainConfig, parse_gpu_list, validate_paths
+from dflash_trainer.config import (StartupError, TrainConfig, declared_default, env_fields, flag_fields,
+                                   option_name, parse_inverted_switch, validate_paths)
 from dflash_trainer.heartbeat import Heartbeat, write_json_atomic
 
 PROG = "dflash-train"
@@ -38,89 +45,82 @@ class _OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{message}; run {PROG} --help for the flags")
 
 
+def _help(f) -> str:
+    text = f.metadata["help"]
+    default = declared_default(f)
+    if isinstance(default, list):
+        default = ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in default) or "''"
+    if default is not None and default is not dataclasses.MISSING and not f.metadata["switch"]:
+        text += f" (default: {default})"
+    return text.replace("%", "%%")
+
+
+def add_train_flags(parser: argparse.ArgumentParser, only=None, skip=(), required: bool = True) -> None:
+    """Adds the flags of TrainConfig's fields (all, or those named in `only`, less `skip`) to `parser`, grouped
+    as declared. argparse holds no default (SUPPRESS): a flag not given is absent from the namespace, and
+    TrainConfig's field default applies. Values stay text until train_values() parses them, so
+    given_train_argv() can hand them on unchanged. `required`: a field without a default is a required flag."""
+    groups = {}
+    for f in flag_fields():
+        if (only is not None and f.name not in only) or f.name in skip:
+            continue
+        group = f.metadata["group"]
+        if group not in groups:
+            groups[group] = parser.add_argument_group(group)
+        kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": _help(f)}
+        if f.metadata["switch"]:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs.update(choices=f.metadata["choices"], metavar=f.metadata["metavar"])
+            kwargs["required"] = required and declared_default(f) is dataclasses.MISSING
+        action = groups[group].add_argument(option_name(f), **kwargs)
+        action.train_field = f.name  # tests/test_flags.py: every trainer flag of every parser comes from here
+
+
+def train_values(namespace: argparse.Namespace) -> dict:
+    """The given trainer flags of a namespace, parsed: {field name: value}."""
+    values = {}
+    for f in flag_fields():
+        if hasattr(namespace, f.name):
+            raw = getattr(namespace, f.name)
+            values[f.name] = raw if f.metadata["switch"] else f.metadata["parse"](raw, option_name(f))
+    return values
+
+
+def given_train_argv(namespace: argparse.Namespace, skip=()) -> list[str]:
+    """The given trainer flags of a namespace as a dflash-train command line (a driver hands them on)."""
+    argv = []
+    for f in flag_fields():
+        if hasattr(namespace, f.name) and f.name not in skip:
+            raw = getattr(namespace, f.name)
+            argv += [option_name(f)] if f.metadata["switch"] else [f"{option_name(f)}={raw}"]
+    return argv
+
+
+def env_values(environ=os.environ) -> dict:
+    """The environment knobs that are set, parsed: {field name: value}."""
+    return {f.name: f.metadata["parse"](environ[option_name(f)], option_name(f))
+            for f in env_fields() if option_name(f) in environ}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    a = p.add_argument
-    g = p.add_argument_group("paths")
-    g.add_argument("--target-model", required=True, help="local HF directory of the frozen target model")
-    g.add_argument("--data-dir", required=True, help="directory of *.parquet shards (input_ids, loss_mask)")
-    g.add_argument("--output-dir", required=True, help="checkpoints/ go here; training resumes from its `latest`")
-    g.add_argument("--run-dir", default=None,
-                   help="heartbeat.json, metrics/profile/telemetry.jsonl (default: --output-dir)")
-    g = p.add_argument_group("devices (single process: the first GPU of each list is used)")
-    g.add_argument("--target-gpus", default="", help="e.g. 0,1,2,3,4; '' for none")
-    g.add_argument("--drafter-gpus", default="", help="e.g. 5,6,7; '' for none")
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="auto: CUDA if present (GPU lists default to GPU 0), else CPU, where non-empty GPU "
-                        "lists are refused; cpu: ignore the GPU lists; cuda: refuse to run without CUDA")
-    g = p.add_argument_group("optimization")
-    a("--epochs", type=int, default=6)
-    a("--lr", type=float, default=6e-4, help="peak AdamW learning rate")
-    a("--warmup-ratio", type=float, default=0.04, help="fraction of optimizer steps of linear warmup")
-    a("--weight-decay", type=float, default=0.01)
-    a("--grad-accum", type=int, default=4, help="micro-batches per optimizer step")
-    a("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    a("--max-steps", type=int, default=None, help="stop after this many optimizer steps (tests, demos)")
-    a("--max-bad-steps", type=int, default=10, help="halt after this many non-finite steps in a row")
-    a("--seed", type=int, default=0)
-    g = p.add_argument_group("batching")
-    a("--token-budget", type=int, default=49152, help="max sum of padded sequence lengths per micro-batch")
-    a("--max-seq-len", type=int, default=8192, help="longer sequences are truncated")
-    a("--max-batch-size", type=int, default=64, help="max sequences per micro-batch")
-    g = p.add_argument_group("DFlash method (see DFLASH.md)")
-    a("--block-size", type=int, default=32, help="B: anchor + B-1 masked slots")
-    a("--max-anchors", type=int, default=1024, help="blocks sampled per sequence")
-    a("--num-draft-layers", type=int, default=5)
-    a("--gamma", type=float, default=10.0, help="slot weight exp(-(k-1)/gamma)")
-    a("--noise", default="uniform", choices=["uniform", "none"], help="noise added to target features")
-    a("--noise-start", type=float, default=0.05, help="noise amplitude at step 0")
-    a("--noise-end", type=float, default=0.01, help="noise amplitude at the last step")
-    a("--use-soft-labels", action="store_true", help="KL to the target's distribution instead of CE")
-    a("--mask-token-id", type=int, default=None,
-      help="default: <|MASK|> from the target's added_tokens.json or tokenizer.json")
-    a("--target-layer-ids", default=None, help="comma-separated tapped layers (default: DFLASH.md rule)")
-    a("--num-target-taps", type=int, default=5, help="K, when --target-layer-ids is not given")
-    a("--head-chunk-size", type=int, default=4096, help="lm_head rows per chunk in the loss")
-    g = p.add_argument_group("run contract")
-    a("--checkpoint-interval", type=int, default=1000, help="optimizer steps between checkpoints")
-    a("--keep-checkpoints", type=int, default=3, help="keep the last k checkpoints")
-    a("--heartbeat-interval", type=float, default=2.0, help="seconds between heartbeat.json writes")
-    a("--log-interval", type=int, default=10, help="optimizer steps between log lines / metrics rows")
-    p.epilog = ("environment: DFLASH_PROFILE_INTERVAL (seconds between profile.jsonl snapshots, default 60); "
-                "DFLASH_SPLIT_FC_LAYERS=1 applies fc per tap and sums instead of one matmul over the "
-                "concatenated taps (identical math, no K*H concatenation in memory); "
-                "DFLASH_EAGER_LAYERS=1 keeps the drafter layers eager on CUDA (default 0: compiled), "
-                "the way out if torch.compile fails on this machine's torch; "
-                "DFLASH_EAGER_HEAD_LOSS=1 runs the head loss eagerly (default 0: compiled on CUDA).")
+    add_train_flags(p)
+    p.epilog = "environment: " + "; ".join(
+        f"{option_name(f)}: {f.metadata['help']} (unset: {_env_default(f)})" for f in env_fields()) + "."
     return p
+
+
+def _env_default(f) -> str:
+    default = declared_default(f)
+    if f.metadata["parse"] is parse_inverted_switch:
+        return "0" if default else "1"
+    return {True: "1", False: "0"}.get(default, f"{default:g}") if isinstance(default, (bool, float)) else str(default)
 
 
 def config_from_args(argv: list[str] | None) -> TrainConfig:
     args = build_parser().parse_args(argv)
-    kwargs = vars(args)
-    kwargs["target_gpus"] = parse_gpu_list(kwargs["target_gpus"], "--target-gpus")
-    kwargs["drafter_gpus"] = parse_gpu_list(kwargs["drafter_gpus"], "--drafter-gpus")
-    if kwargs["target_layer_ids"] is not None:
-        try:
-            kwargs["target_layer_ids"] = [int(x) for x in kwargs["target_layer_ids"].split(",") if x.strip()]
-        except ValueError:
-            raise UsageError("--target-layer-ids must be comma-separated integers; e.g. 1,9,17") from None
-    try:
-        kwargs["profile_interval"] = float(os.environ.get("DFLASH_PROFILE_INTERVAL", "60"))
-    except ValueError:
-        raise UsageError("DFLASH_PROFILE_INTERVAL is not a number; set it to seconds, e.g. 60") from None
-    kwargs["split_fc_layers"] = _env_switch("DFLASH_SPLIT_FC_LAYERS")
-    kwargs["compile_layers"] = not _env_switch("DFLASH_EAGER_LAYERS")
-    _env_switch("DFLASH_EAGER_HEAD_LOSS")  # checked up front; loss.compile_head_loss reads it at each call
-    return TrainConfig(**kwargs)
-
-
-def _env_switch(name: str) -> bool:
-    """A 0/1 environment knob, off when unset; anything else is a usage error."""
-    value = os.environ.get(name, "0")
-    if value not in ("0", "1"):
-        raise UsageError(f"{name} is {value!r}; set it to 0 or 1")
-    return value == "1"
+    return TrainConfig(**train_values(args), **env_values())
 
 
 def _guess_run_dir(argv: list[str]) -> str | None:
@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     except ValueError as e:
         return _refuse(str(e), _guess_run_dir(argv), None)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one rank of a torchrun job
+        from dflash_trainer import dist_train
+        return dist_train.main(cfg)
 
     heartbeat = Heartbeat(cfg.run_dir, cfg.heartbeat_interval)
     heartbeat.write()  # phase `loading`, before any heavy import

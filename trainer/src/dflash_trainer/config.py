@@ -1,4 +1,9 @@
-"""Run configuration: one dataclass, validated in __post_init__.
+"""Run configuration: every dflash-train flag and environment knob declared once, as a TrainConfig field.
+
+A field's default is its one default; its metadata (see `flag` and `env_knob`) holds the help text, the
+argument group, how the text of the flag parses and the field's own check. cli.py generates the argparse
+parser from these fields (and proofs and benchmarks add the same generated flags to theirs), so no other
+file holds a default of a trainer flag (tests/test_flags.py checks that).
 
 Stdlib only: cli.py builds and validates this before torch is imported, so that a bad flag costs
 milliseconds and the launcher sees a `failed` heartbeat instead of a slow crash. Every ValueError
@@ -11,11 +16,31 @@ import dataclasses
 import glob
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 
 
 class StartupError(ValueError):
     """A refusal found at start, before weights load: one line on stderr, exit status 2."""
+
+
+# --- how the text of a flag becomes a value (each takes the text and the flag's name, for the message) ---
+
+def parse_int(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r} is not an integer; pass a whole number") from None
+
+
+def parse_float(text: str, flag: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r} is not a number; pass e.g. {flag} 0.5") from None
+
+
+def parse_str(text: str, flag: str) -> str:
+    return text
 
 
 def parse_gpu_list(text: str, flag: str) -> list[int]:
@@ -35,74 +60,205 @@ def parse_gpu_list(text: str, flag: str) -> list[int]:
     return ids
 
 
+def parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers; e.g. 1,9,17") from None
+
+
+def parse_float_list(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated numbers; e.g. 2,5,10") from None
+
+
+def parse_switch(text: str, name: str) -> bool:
+    """A 0/1 environment knob."""
+    if text not in ("0", "1"):
+        raise ValueError(f"{name} is {text!r}; set it to 0 or 1")
+    return text == "1"
+
+
+def parse_inverted_switch(text: str, name: str) -> bool:
+    return not parse_switch(text, name)
+
+
+def parse_seconds(text: str, name: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} is not a number; set it to seconds, e.g. 60") from None
+
+
+# --- checks of one field's value (None, the "not given" of optional flags, is never checked) ---
+
+def at_least(low):
+    def check(value, flag: str) -> None:
+        if value < low:
+            raise ValueError(f"{flag} is {value}; it must be at least {low}")
+    return check
+
+
+def positive(value, flag: str) -> None:
+    if not value > 0:
+        raise ValueError(f"{flag} is {value}; it must be > 0")
+
+
+def ascending_positive(values, flag: str) -> None:
+    if any(not v > 0 for v in values) or sorted(set(values)) != list(values):
+        raise ValueError(f"{flag} {','.join(f'{v:g}' for v in values)} must be positive and increasing; "
+                         f"e.g. {flag} 2,5,10")
+
+
+# --- declarations ---
+
+def flag(default=MISSING, *, help: str, group: str, parse=parse_str, check=None, choices=None, switch=False,
+         metavar=None, default_factory=MISSING):
+    """A dflash-train flag: --<field name with dashes>. `switch`: a flag without a value (store_true)."""
+    meta = {"help": help, "group": group, "parse": parse, "check": check, "choices": choices, "switch": switch,
+            "metavar": metavar, "env": None}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def env_knob(default, *, env: str, help: str, parse, check=None):
+    """A setting read from the environment variable `env` (text parsed by `parse`), not a flag."""
+    return field(default=default, metadata={"help": help, "group": None, "parse": parse, "check": check,
+                                            "choices": None, "switch": False, "metavar": None, "env": env})
+
+
+PATHS = "paths"
+DEVICES = "devices (single process: the first GPU of each list is used)"
+OPTIMIZATION = "optimization"
+WALL_CLOCK = "wall-clock schedule (instead of steps)"
+BATCHING = "batching"
+METHOD = "DFlash method (see DFLASH.md)"
+CONTRACT = "run contract"
+TORCHRUN = "several processes (under torchrun: dist_train.py)"
+
+
 @dataclass
 class TrainConfig:
     """Everything one training run needs; field names match the CLI flags (dashes -> underscores)."""
 
-    target_model: str
-    """Local directory of the frozen HF causal LM (config.json + safetensors)."""
-    data_dir: str
-    """Directory of *.parquet shards with columns input_ids list<int32>, loss_mask list<int8>."""
-    output_dir: str
-    """Holds checkpoints/ (step-N dirs + `latest`)."""
-    run_dir: str | None = None
-    """Holds heartbeat.json, metrics.jsonl, profile.jsonl, telemetry.jsonl. Default: output_dir."""
-    target_gpus: list[int] = field(default_factory=list)
-    """GPUs for the target; this single-process trainer uses the first one."""
-    drafter_gpus: list[int] = field(default_factory=list)
-    """GPUs for the drafter; this single-process trainer uses the first one."""
-    device: str = "auto"
-    """auto: CUDA when present, else CPU (GPU lists must then be empty); cpu: force CPU; cuda: require CUDA."""
-    epochs: int = 6
-    lr: float = 6e-4
-    warmup_ratio: float = 0.04
-    weight_decay: float = 0.01
-    grad_accum: int = 4
-    grad_clip: float = 1.0
-    token_budget: int = 49152
-    """Per micro-batch: sum of padded sequence lengths stays at or under this."""
-    max_seq_len: int = 8192
-    max_batch_size: int = 64
-    block_size: int = 32
-    max_anchors: int = 1024
-    num_draft_layers: int = 5
-    gamma: float = 10.0
-    noise: str = "uniform"
-    noise_start: float = 0.05
-    noise_end: float = 0.01
-    use_soft_labels: bool = False
-    seed: int = 0
-    checkpoint_interval: int = 1000
-    """Optimizer steps between checkpoints (a final one is always written)."""
-    keep_checkpoints: int = 3
-    mask_token_id: int | None = None
-    """Default: the `<|MASK|>` entry of the target's added_tokens.json / tokenizer.json."""
-    target_layer_ids: list[int] | None = None
-    """Default: DFLASH.md's rule for num_target_taps taps."""
-    num_target_taps: int = 5
-    heartbeat_interval: float = 2.0
-    log_interval: int = 10
-    max_steps: int | None = None
-    max_bad_steps: int = 10
-    """Consecutive non-finite steps tolerated before the run halts."""
-    head_chunk_size: int = 4096
-    """Rows of the frozen lm_head computed at once in the loss (bounds logits memory)."""
-    profile_interval: float = 60.0
-    """From env DFLASH_PROFILE_INTERVAL: seconds between profile.jsonl snapshots."""
-    split_fc_layers: bool = False
-    """From env DFLASH_SPLIT_FC_LAYERS: apply fc per tap and sum (identical math, less peak memory)."""
-    compile_layers: bool = True
-    """From env DFLASH_EAGER_LAYERS (1 = eager): torch.compile the drafter layers on CUDA."""
+    target_model: str = flag(help="local HF directory of the frozen target model", group=PATHS)
+    data_dir: str = flag(help="directory of *.parquet shards (input_ids list<int32>, loss_mask list<int8>)",
+                         group=PATHS)
+    output_dir: str = flag(help="checkpoints/ (step-N dirs + `latest`) and snapshots/ go here; training resumes "
+                                "from its `latest`", group=PATHS)
+    run_dir: str | None = flag(None, help="heartbeat.json, metrics/profile/telemetry/snapshots.jsonl "
+                                          "(default: --output-dir)", group=PATHS)
+    target_gpus: list[int] = flag(default_factory=list, parse=parse_gpu_list, group=DEVICES,
+                                  help="GPUs for the target, e.g. 0,1,2,3,4; '' for none")
+    drafter_gpus: list[int] = flag(default_factory=list, parse=parse_gpu_list, group=DEVICES,
+                                   help="GPUs for the drafter, e.g. 5,6,7; '' for none")
+    device: str = flag("auto", choices=("auto", "cpu", "cuda"), group=DEVICES,
+                       help="auto: CUDA if present (GPU lists default to GPU 0), else CPU, where non-empty GPU "
+                            "lists are refused; cpu: ignore the GPU lists; cuda: refuse to run without CUDA")
+    target_ranks: int = flag(1, parse=parse_int, check=at_least(1), group=TORCHRUN,
+                             help="on the CPU (both GPU lists empty): ranks 0..N-1 run the target, the other "
+                                  "WORLD_SIZE-N ranks train the drafter; with GPUs the lists decide")
+    hs_queue_depth: int = flag(90, parse=parse_int, check=at_least(1), group=TORCHRUN,
+                               help="most micro-batches of hidden states held per drafter rank (host memory)")
+    hs_queue_min_ready: int = flag(30, parse=parse_int, check=at_least(0), group=TORCHRUN,
+                                   help="micro-batches a drafter rank holds before its first optimizer step")
+
+    epochs: int = flag(6, parse=parse_int, check=at_least(1), group=OPTIMIZATION,
+                       help="passes over the data (the run stops at the first of --epochs, --max-steps and "
+                            "--time-budget-min)")
+    lr: float = flag(6e-4, parse=parse_float, group=OPTIMIZATION, help="peak AdamW learning rate")
+    warmup_ratio: float = flag(0.04, parse=parse_float, group=OPTIMIZATION,
+                               help="fraction of the run (optimizer steps, or the time budget) of linear warmup; "
+                                    "then cosine to 0")
+    weight_decay: float = flag(0.01, parse=parse_float, group=OPTIMIZATION, help="AdamW weight decay")
+    grad_accum: int = flag(4, parse=parse_int, check=at_least(1), group=OPTIMIZATION,
+                           help="micro-batches per optimizer step")
+    grad_clip: float = flag(1.0, parse=parse_float, group=OPTIMIZATION, help="max global gradient norm")
+    max_steps: int | None = flag(None, parse=parse_int, group=OPTIMIZATION,
+                                 help="stop after this many optimizer steps (tests, demos)")
+    max_bad_steps: int = flag(10, parse=parse_int, check=at_least(1), group=OPTIMIZATION,
+                              help="halt after this many non-finite steps in a row")
+    seed: int = flag(0, parse=parse_int, group=OPTIMIZATION, help="drafter init, data order, anchors, noise")
+    init_drafter: str | None = flag(None, group=OPTIMIZATION, metavar="DIR",
+                                    help="start a new run from these weights: an export dir (config.json + "
+                                         "model.safetensors) or a checkpoints/step-N dir of the same drafter "
+                                         "shape (a resumed run keeps its checkpoint's weights)")
+
+    time_budget_min: float | None = flag(None, parse=parse_float, check=positive, group=WALL_CLOCK,
+                                         help="train for this many minutes of wall clock: the learning rate "
+                                              "(warmup, cosine) and the noise follow the elapsed training time "
+                                              "over the budget instead of the steps; at the end a checkpoint, "
+                                              "kept as the snapshot of these minutes")
+    snapshot_minutes: list[float] = flag(default_factory=list, parse=parse_float_list, check=ascending_positive,
+                                         group=WALL_CLOCK, metavar="M,M,...",
+                                         help="keep a checkpoint when the training time reaches each of these "
+                                              "minutes: <output-dir>/snapshots/<M>min, listed in "
+                                              "<run-dir>/snapshots.jsonl")
+    compile_warmup_batches: int = flag(0, parse=parse_int, check=at_least(0), group=WALL_CLOCK,
+                                       help="micro-batches run forward and backward before the training clock "
+                                            "starts, not trained on and not taken from the data (compilation "
+                                            "outside the time budget)")
+
+    token_budget: int = flag(49152, parse=parse_int, check=at_least(1), group=BATCHING,
+                             help="max sum of padded sequence lengths per micro-batch")
+    max_seq_len: int = flag(8192, parse=parse_int, check=at_least(1), group=BATCHING,
+                            help="longer sequences are truncated")
+    max_batch_size: int = flag(64, parse=parse_int, check=at_least(1), group=BATCHING,
+                               help="max sequences per micro-batch")
+
+    block_size: int = flag(32, parse=parse_int, group=METHOD, help="B: anchor + B-1 masked slots")
+    max_anchors: int = flag(1024, parse=parse_int, check=at_least(1), group=METHOD,
+                            help="blocks sampled per sequence")
+    num_draft_layers: int = flag(5, parse=parse_int, check=at_least(1), group=METHOD,
+                                 help="decoder layers of the drafter")
+    gamma: float = flag(10.0, parse=parse_float, group=METHOD, help="slot weight exp(-(k-1)/gamma)")
+    noise: str = flag("uniform", choices=("uniform", "none"), group=METHOD, help="noise added to target features")
+    noise_start: float = flag(0.05, parse=parse_float, group=METHOD, help="noise amplitude at the start")
+    noise_end: float = flag(0.01, parse=parse_float, group=METHOD, help="noise amplitude at the end")
+    use_soft_labels: bool = flag(False, switch=True, group=METHOD,
+                                 help="KL to the target's distribution instead of CE")
+    mask_token_id: int | None = flag(None, parse=parse_int, group=METHOD,
+                                     help="default: <|MASK|> from the target's added_tokens.json or tokenizer.json")
+    target_layer_ids: list[int] | None = flag(None, parse=parse_int_list, group=METHOD, metavar="I,J,...",
+                                              help="comma-separated tapped layers (default: DFLASH.md rule)")
+    num_target_taps: int = flag(5, parse=parse_int, check=at_least(1), group=METHOD,
+                                help="K, when --target-layer-ids is not given")
+    head_chunk_size: int = flag(4096, parse=parse_int, check=at_least(1), group=METHOD,
+                                help="lm_head rows per chunk in the loss (bounds logits memory)")
+
+    checkpoint_interval: int = flag(1000, parse=parse_int, check=at_least(1), group=CONTRACT,
+                                    help="optimizer steps between checkpoints (a final one is always written)")
+    keep_checkpoints: int = flag(3, parse=parse_int, check=at_least(1), group=CONTRACT,
+                                 help="keep the last k checkpoints (snapshots are kept apart)")
+    heartbeat_interval: float = flag(2.0, parse=parse_float, group=CONTRACT,
+                                     help="seconds between heartbeat.json writes")
+    log_interval: int = flag(10, parse=parse_int, check=at_least(1), group=CONTRACT,
+                             help="optimizer steps between log lines / metrics rows")
+
+    profile_interval: float = env_knob(60.0, env="DFLASH_PROFILE_INTERVAL", parse=parse_seconds,
+                                       help="seconds between profile.jsonl snapshots and NVML readings")
+    split_fc_layers: bool = env_knob(False, env="DFLASH_SPLIT_FC_LAYERS", parse=parse_switch,
+                                     help="1 applies fc per tap and sums instead of one matmul over the "
+                                          "concatenated taps (identical math, no K*H concatenation in memory)")
+    compile_layers: bool = env_knob(True, env="DFLASH_EAGER_LAYERS", parse=parse_inverted_switch,
+                                    help="1 keeps the drafter layers eager on CUDA (0: compiled), the way out if "
+                                         "torch.compile fails on this machine's torch")
+    eager_head_loss: bool = env_knob(False, env="DFLASH_EAGER_HEAD_LOSS", parse=parse_switch,
+                                     help="1 runs the head loss eagerly (0: compiled on CUDA); loss.py reads the "
+                                          "variable at each call")
 
     def __post_init__(self) -> None:
         if self.run_dir is None:
             self.run_dir = self.output_dir
-        positive_ints = ("epochs", "grad_accum", "token_budget", "max_seq_len", "max_batch_size",
-                         "max_anchors", "num_draft_layers", "checkpoint_interval", "keep_checkpoints",
-                         "log_interval", "max_bad_steps", "head_chunk_size", "num_target_taps")
-        for name in positive_ints:
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} is {getattr(self, name)}; it must be at least 1")
+        for f in dataclasses.fields(self):
+            check, choices, value = f.metadata.get("check"), f.metadata.get("choices"), getattr(self, f.name)
+            if choices and value not in choices:
+                raise ValueError(f"{option_name(f)} is {value!r}; pass one of {', '.join(choices)}")
+            if check is not None and value is not None:
+                check(value, option_name(f))
         if self.block_size < 2:
             raise ValueError(f"--block-size is {self.block_size}; a block needs the anchor plus at least one "
                              "draft slot, so pass --block-size 2 or more (the seed uses 32)")
@@ -115,8 +271,6 @@ class TrainConfig:
             raise ValueError(f"--warmup-ratio is {self.warmup_ratio}; pass a value in [0, 1)")
         if self.weight_decay < 0 or self.grad_clip <= 0:
             raise ValueError("--weight-decay must be >= 0 and --grad-clip > 0; fix the flag")
-        if self.noise not in ("uniform", "none"):
-            raise ValueError(f"--noise is {self.noise!r}; pass --noise uniform or --noise none")
         if self.noise_start < 0 or self.noise_end < 0:
             raise ValueError("--noise-start/--noise-end are negative; pass amplitudes >= 0")
         if self.max_seq_len > self.token_budget:
@@ -124,14 +278,19 @@ class TrainConfig:
                              "a full-length sequence would never fit a batch: raise --token-budget")
         if self.max_seq_len < 2:
             raise ValueError("--max-seq-len must be at least 2; an anchor needs a next token")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"--device is {self.device!r}; pass auto, cpu or cuda")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("--max-steps must be at least 1; leave it out to train all epochs")
+        if self.hs_queue_min_ready > self.hs_queue_depth:
+            raise ValueError(f"--hs-queue-min-ready {self.hs_queue_min_ready} exceeds --hs-queue-depth "
+                             f"{self.hs_queue_depth}; the queue could never hold that many: lower it or raise the depth")
         if self.heartbeat_interval <= 0:
             raise ValueError("--heartbeat-interval must be > 0 seconds")
         if self.mask_token_id is not None and self.mask_token_id < 0:
             raise ValueError(f"--mask-token-id is {self.mask_token_id}; pass a token id inside the vocabulary")
+        if self.time_budget_min is not None and self.snapshot_minutes \
+                and self.snapshot_minutes[-1] > self.time_budget_min:
+            raise ValueError(f"--snapshot-minutes {self.snapshot_minutes[-1]:g} is past --time-budget-min "
+                             f"{self.time_budget_min:g}; snapshot within the budget or raise it")
         if self.target_layer_ids is not None:
             if not self.target_layer_ids:
                 raise ValueError("--target-layer-ids is empty; pass e.g. 1,9,17,25,33 or leave it out")
@@ -139,6 +298,38 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def snapshot_plan(self) -> list[float]:
+        """The minutes at which a snapshot is kept: --snapshot-minutes, and the end of --time-budget-min."""
+        minutes = set(self.snapshot_minutes)
+        if self.time_budget_min is not None:
+            minutes.add(self.time_budget_min)
+        return sorted(minutes)
+
+
+def option_name(f: dataclasses.Field) -> str:
+    """The flag (--dashed-name) or environment variable a field is set by."""
+    return f.metadata.get("env") or "--" + f.name.replace("_", "-")
+
+
+def declared_default(f: dataclasses.Field):
+    """The field's one default (a fresh object for a factory); MISSING for a required flag."""
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def flag_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("group")]
+
+
+def env_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("env")]
+
+
+def snapshot_name(minutes: float) -> str:
+    """The directory name of the snapshot at `minutes` under <output-dir>/snapshots/ (2 -> 2min, 0.5 -> 0.5min)."""
+    return f"{minutes:g}min"
 
 
 STAGED_MANIFEST = ".dflash-manifest.json"  # written last by dflash.ops.model_weights (the collection's README)

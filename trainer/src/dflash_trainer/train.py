@@ -1,4 +1,5 @@
-"""The training loop: devices, build, resume, loop { step, log when due, checkpoint when due }, finish.
+"""The training loop: devices, build, resume, loop { snapshot when due, step, log when due, checkpoint when due },
+finish. The one loop that trains: the proof (benchmarks/proof_smollm2.py) runs dflash-train, it has none of its own.
 
 Entered from cli.main after the first heartbeat. Refusals that need torch (GPUs that do not exist,
 GPU lists without CUDA) raise StartupError before any weights load.
@@ -6,22 +7,28 @@ GPU lists without CUDA) raise StartupError before any weights load.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
+import shutil
 import threading
 import time
 import zlib
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
+from dflash_trainer.checkpoint import FILES as CHECKPOINT_FILES
 from dflash_trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
-from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids
+from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids, snapshot_name
 from dflash_trainer.data import BatchLoader, TokenizedDataset
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.export import drafter_config_from_export
 from dflash_trainer.heartbeat import Heartbeat
-from dflash_trainer.loss import acceptance_proxy, noise_amplitude
+from dflash_trainer.loss import acceptance_proxy
+from dflash_trainer.schedule import Schedule
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, Profiler
 
@@ -61,15 +68,6 @@ def resolve_devices(cfg: TrainConfig) -> tuple[torch.device, torch.device]:
     return torch.device("cuda", t), torch.device("cuda", d)
 
 
-def lr_lambda(total_steps: int, warmup_steps: int):
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-    return f
-
-
 def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -99,19 +97,68 @@ def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device,
     return drafter
 
 
-def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
+def drafter_config_for(cfg: TrainConfig) -> tuple[object, list[int], DrafterConfig]:
+    """(the target's HF config, the tapped layer ids, the drafter's config) from the flags; reads config.json only.
+    cfg.mask_token_id must be known (validate_paths looks it up when the flag is not given)."""
     from transformers import AutoConfig
-
-    target_device, drafter_device = resolve_devices(cfg)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-
     target_config = AutoConfig.from_pretrained(cfg.target_model)
     num_target_layers = getattr(target_config, "text_config", target_config).num_hidden_layers
     layer_ids = cfg.target_layer_ids or default_target_layer_ids(num_target_layers, cfg.num_target_taps)
     drafter_cfg = DrafterConfig.from_target(target_config, cfg.num_draft_layers, layer_ids, cfg.block_size,
                                             cfg.mask_token_id, cfg.split_fc_layers)
+    return target_config, layer_ids, drafter_cfg
+
+
+def initial_weights(path: str, cfg: DrafterConfig) -> dict[str, torch.Tensor]:
+    """--init-drafter: the trainable weights of an export dir or a checkpoints/step-N dir, for a drafter built
+    exactly like `cfg` (a warm start, e.g. from the export of an earlier session's run). StartupError otherwise."""
+    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
+        with open(os.path.join(path, "config.json")) as f:
+            other = drafter_config_from_export(json.load(f))
+        state = {k: v.float() for k, v in load_file(os.path.join(path, "model.safetensors")).items()}
+    elif os.path.isfile(os.path.join(path, "drafter_config.json")):
+        state, other_dict, _ = load_checkpoint(path)
+        other = DrafterConfig.from_dict(other_dict)
+    else:
+        raise StartupError(f"--init-drafter {path} is neither an export dir (config.json + model.safetensors) nor "
+                           "a checkpoints/step-N dir; pass one of those")
+    mine, theirs = cfg.to_dict(), other.to_dict()
+    mine.pop("split_fc_layers", None), theirs.pop("split_fc_layers", None)  # how fc is applied, not what it holds
+    diff = [f"{k} {theirs.get(k)} there, {v} here" for k, v in mine.items() if theirs.get(k) != v]
+    if diff:
+        raise StartupError(f"--init-drafter {path} is another drafter ({'; '.join(diff)}); use the same "
+                           "--num-draft-layers, --block-size, --num-target-taps/--target-layer-ids, "
+                           "--mask-token-id and target")
+    return state
+
+
+def link_snapshot(checkpoint: str, dst: str) -> None:
+    """<output-dir>/snapshots/<M>min: hard links to a checkpoint's files (never rewritten in place, so pruning
+    the step dir later leaves the snapshot whole), published by a rename; a copy where links fail."""
+    tmp = dst + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for name in CHECKPOINT_FILES:
+        try:
+            os.link(os.path.join(checkpoint, name), os.path.join(tmp, name))
+        except OSError:
+            shutil.copy2(os.path.join(checkpoint, name), os.path.join(tmp, name))
+    if os.path.exists(dst):
+        shutil.rmtree(dst)
+    os.rename(tmp, dst)
+
+
+def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=time.monotonic) -> int:
+    """Trains until the epochs, --max-steps or --time-budget-min end, or SIGTERM (`stop`). `clock` measures the
+    training time (the schedule, the budget and the snapshots); it is read once per optimizer step."""
+    target_device, drafter_device = resolve_devices(cfg)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    _, layer_ids, drafter_cfg = drafter_config_for(cfg)
+    num_target_layers = drafter_cfg.num_target_layers
+    init_state = initial_weights(cfg.init_drafter, drafter_cfg) if cfg.init_drafter else None
     try:  # bad data is a refusal at start too: it loads before any weights
         dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
     except ValueError as e:
@@ -129,10 +176,9 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
-    warmup_steps = max(1, math.ceil(cfg.warmup_ratio * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, warmup_steps))
+    schedule = Schedule(cfg, total_steps)
 
-    step, num_bad_total = 0, 0
+    step, num_bad_total, num_sequences, train_s0 = 0, 0, 0, 0.0
     resume_from = find_latest(cfg.output_dir)
     if resume_from is not None:
         model_state, saved_cfg, state = load_checkpoint(resume_from)
@@ -141,11 +187,15 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
                                "use a new --output-dir or the original flags")
         drafter.load_trainable_state_dict(model_state)
         optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         step, num_bad_total = state["step"], state.get("num_bad_steps", 0)
-        log(f"resumed from {resume_from} at step {step} (epoch {loader.epoch}, batch {loader.batch_index})")
+        num_sequences, train_s0 = state.get("num_sequences", 0), state["scheduler"].get("train_s", 0.0)
+        log(f"resumed from {resume_from} at step {step} (epoch {loader.epoch}, batch {loader.batch_index}, "
+            f"{train_s0:.1f} s of training)" + (": --init-drafter not applied" if init_state else ""))
+    elif init_state is not None:
+        drafter.load_trainable_state_dict(init_state)
+        log(f"warm start from {cfg.init_drafter}")
 
     num_params = sum(p.numel() for p in trainable)
     log(f"target {cfg.target_model}: {num_target_layers} layers on {target_device}; taps {layer_ids}")
@@ -157,34 +207,84 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
     log(f"tokens per optimizer step: <= {cfg.token_budget} budget x {cfg.grad_accum} accumulation = "
         f"{cfg.token_budget * cfg.grad_accum}; draft positions per step: <= {cfg.max_batch_size} x "
         f"{cfg.max_anchors} x {cfg.block_size} x {cfg.grad_accum}")
-    log(f"optimizer steps: {total_steps} ({steps_per_epoch}/epoch x {cfg.epochs} epochs"
-        f"{f', capped by --max-steps {cfg.max_steps}' if cfg.max_steps else ''}), warmup {warmup_steps}, "
-        f"peak lr {cfg.lr}")
+    log(f"optimizer steps: at most {total_steps} ({steps_per_epoch}/epoch x {cfg.epochs} epochs"
+        f"{f', capped by --max-steps {cfg.max_steps}' if cfg.max_steps else ''}); peak lr {cfg.lr}, schedule "
+        f"{schedule.describe()}" + (f"; snapshots at {cfg.snapshot_plan()} min" if cfg.snapshot_plan() else ""))
 
     metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl"))
+    snapshots = JsonlWriter(os.path.join(cfg.run_dir, "snapshots.jsonl"))
     profiler = Profiler(cfg.run_dir, cfg.profile_interval)
     nvml = NvmlTelemetry(cfg.run_dir, cfg.profile_interval, sorted({target_device.index, drafter_device.index} - {None}))
+    train_s = train_s0  # training seconds at the start of the current step
+    saved = {"step": step if resume_from else -1, "path": resume_from}
 
     def checkpoint() -> None:
         heartbeat.set_phase("checkpointing")
         t0 = time.perf_counter()
-        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        state = {"optimizer": optimizer.state_dict(), "scheduler": {"train_s": train_s},
                  "data": loader.state_dict(), "rng": rng_state(), "step": step, "num_bad_steps": num_bad_total,
-                 "config": cfg.to_dict()}
-        path = save_checkpoint(cfg.output_dir, step, drafter.trainable_state_dict(), drafter_cfg.to_dict(), state,
-                               cfg.keep_checkpoints)
+                 "num_sequences": num_sequences, "config": cfg.to_dict()}
+        saved["path"] = save_checkpoint(cfg.output_dir, step, drafter.trainable_state_dict(), drafter_cfg.to_dict(),
+                                        state, cfg.keep_checkpoints)
+        saved["step"] = step
         profiler.add("checkpoint", time.perf_counter() - t0)
-        log(f"checkpoint {path} ({time.perf_counter() - t0:.2f} s)")
+        log(f"checkpoint {saved['path']} ({time.perf_counter() - t0:.2f} s)")
+        heartbeat.set_phase("training")
 
-    heartbeat.set_phase("training", step=step, epoch=loader.epoch)
-    last_saved = step if resume_from else -1
-    num_bad_in_row = 0
     window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+    last_row: dict = {}
+
+    def write_metrics(lr: float, amp: float, grad_norm: float) -> None:
+        nonlocal window
+        acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
+        row = {"step": step, "epoch": loader.epoch, "loss": window["loss"] / window["steps"],
+               "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
+               "tokens_per_s": window["tokens"] / window["time"], "lr": lr, "noise": amp, "grad_norm": grad_norm,
+               "num_bad_steps": num_bad_total, "data_crc": window["crc"], "train_s": round(train_s, 3),
+               "sequences": num_sequences, "time": time.time()}
+        metrics.write(row)
+        last_row.update(row)
+        log(f"step {step} epoch {loader.epoch} loss {row['loss']:.4f} acc1 {acc[1]:.3f} tau {row['tau_proxy']:.3f} "
+            f"tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} noise {amp:.4f} train {train_s:.1f} s")
+        window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+
+    def snapshot(minutes: float) -> None:
+        if saved["step"] != step:
+            checkpoint()
+        dst = os.path.join(cfg.output_dir, "snapshots", snapshot_name(minutes))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        link_snapshot(saved["path"], dst)
+        snapshots.write({"minutes": minutes, "step": step, "train_s": round(train_s, 1), "epoch": loader.epoch,
+                         "sequences": num_sequences, "passes": round(num_sequences / len(dataset), 2),
+                         "loss": last_row.get("loss"), "slot_acc": last_row.get("slot_acc"),
+                         "tau_proxy": last_row.get("tau_proxy"), "checkpoint": dst})
+        log(f"snapshot at {minutes:g} min of training: step {step}, {num_sequences} sequences, {dst}")
+
     drafter.train()
+    if cfg.compile_warmup_batches:
+        t0 = time.perf_counter()
+        compile_warmup(cfg, loader, target, drafter, optimizer, drafter_device)
+        log(f"compile warm-up: {cfg.compile_warmup_batches} micro-batches, not trained on, "
+            f"{time.perf_counter() - t0:.1f} s (outside the training time)")
+    pending = [m for m in cfg.snapshot_plan()
+               if not os.path.isdir(os.path.join(cfg.output_dir, "snapshots", snapshot_name(m)))]
+    heartbeat.set_phase("training", step=step, epoch=loader.epoch)
+    num_bad_in_row, budget_spent = 0, False
+    t_clock = clock()
     while step < total_steps and loader.epoch < cfg.epochs and not stop.is_set():
+        train_s = train_s0 + clock() - t_clock
+        while pending and train_s >= pending[0] * 60:  # the weights after the last step, at these minutes
+            if window["steps"]:
+                write_metrics(lr, amp, float(grad_norm))
+            snapshot(pending.pop(0))
+        if schedule.budget_spent(train_s):
+            budget_spent = True
+            break
         t_step = time.perf_counter()
-        amp = noise_amplitude(step, total_steps, cfg.noise_start, cfg.noise_end) if cfg.noise == "uniform" else 0.0
-        loss_sum, tokens, n_micro = 0.0, 0, 0
+        lr, amp = schedule.lr(step, train_s), schedule.noise(step, train_s)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum, tokens, n_micro, n_seq = 0.0, 0, 0, 0
         correct = count = None
         for micro in range(cfg.grad_accum):
             if loader.batch_index >= loader.batches_in_epoch() and loader.epoch + 1 >= cfg.epochs:
@@ -207,6 +307,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
             correct = out.slot_correct if correct is None else correct + out.slot_correct
             count = out.slot_count if count is None else count + out.slot_count
             tokens += batch.num_tokens
+            n_seq += len(batch.lengths)
             n_micro += 1
         if n_micro == 0:
             break
@@ -225,9 +326,9 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
             continue
         num_bad_in_row = 0
         optimizer.step()
-        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
+        num_sequences += n_seq
         profiler.add("optimizer", time.perf_counter() - t0)
 
         elapsed = time.perf_counter() - t_step
@@ -239,30 +340,50 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event) -> int:
         window["count"] = count if window["count"] is None else window["count"] + count
         heartbeat.update(step=step, epoch=loader.epoch, loss=loss_value, tokens_per_s=tokens / max(elapsed, 1e-9))
         if step % cfg.log_interval == 0 or step == total_steps:
-            acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
-            row = {"step": step, "epoch": loader.epoch, "loss": window["loss"] / window["steps"],
-                   "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
-                   "tokens_per_s": window["tokens"] / window["time"], "lr": scheduler.get_last_lr()[0],
-                   "noise": amp, "grad_norm": float(grad_norm), "num_bad_steps": num_bad_total,
-                   "data_crc": window["crc"], "time": time.time()}
-            metrics.write(row)
-            log(f"step {step} epoch {loader.epoch} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
-                f"tau {row['tau_proxy']:.3f} tokens/s {row['tokens_per_s']:.1f} lr {row['lr']:.3e} noise {amp:.4f}")
-            window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+            write_metrics(lr, amp, float(grad_norm))
         profiler.maybe_write(step)
         nvml.maybe_write(step)
         if step % cfg.checkpoint_interval == 0 and not stop.is_set():
             checkpoint()
-            last_saved = step
-            heartbeat.set_phase("training")
 
-    if last_saved != step:
+    if not budget_spent:  # the minutes the last step ran through (the budget's end was handled in the loop)
+        train_s = train_s0 + clock() - t_clock
+    if window["steps"]:
+        write_metrics(lr, amp, float(grad_norm))
+    while pending and train_s >= pending[0] * 60:
+        snapshot(pending.pop(0))
+    if saved["step"] != step:
         checkpoint()
     profiler.maybe_write(step, force=True)
+    for writer in (metrics, snapshots):
+        writer.close()
     if stop.is_set():
         log(f"SIGTERM: stopped at step {step} after checkpointing")
         heartbeat.set_phase("finished", step=step, epoch=loader.epoch, stopped="SIGTERM")
     else:
-        log(f"finished: {step} optimizer steps")
+        why = (f"the time budget of {cfg.time_budget_min:g} min is spent" if budget_spent else
+               f"{'--max-steps' if step == cfg.max_steps else 'the epochs'} ended"
+               + (f" after {train_s / 60:.2f} of --time-budget-min {cfg.time_budget_min:g}"
+                  if cfg.time_budget_min else ""))
+        log(f"finished: {step} optimizer steps, {train_s:.1f} s of training; {why}")
         heartbeat.set_phase("finished", step=step, epoch=loader.epoch)
     return 0
+
+
+def compile_warmup(cfg: TrainConfig, loader: BatchLoader, target, drafter: DFlashDrafter,
+                   optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Forward and backward of the next --compile-warmup-batches micro-batches (compilation, allocator), then the
+    gradients are dropped and the data position restored: nothing is trained, nothing is skipped. Its random
+    draws come from seeded generators (step.derived_seed), so the run's RNG state is untouched."""
+    position = loader.state_dict()
+    for i in range(cfg.compile_warmup_batches):
+        batch = loader.next_batch()
+        taps, last = target(batch.input_ids)
+        out = drafter_micro_batch(drafter, taps, last, batch.input_ids, batch.loss_mask, batch.lengths,
+                                  max_anchors=cfg.max_anchors, gamma=cfg.gamma, noise_amplitude=0.0,
+                                  seed=derived_seed(cfg.seed, -1, i), head_chunk_size=cfg.head_chunk_size)
+        out.loss.backward()
+    optimizer.zero_grad(set_to_none=True)
+    loader.load_state_dict(position)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

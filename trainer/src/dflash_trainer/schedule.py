@@ -1,0 +1,60 @@
+"""The learning-rate and noise schedules: by optimizer steps, or by training time over --time-budget-min.
+
+Both are a linear warmup over the first --warmup-ratio of the run, then a cosine to 0; the noise amplitude
+goes linearly from --noise-start to --noise-end. "The run" is the optimizer steps (epochs, capped by
+--max-steps) or, with a time budget, the seconds of training wall clock (compile warm-up excluded).
+Pure Python: the loop calls it once per optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dflash_trainer.config import TrainConfig
+
+
+def lr_factor_by_step(step: int, total_steps: int, warmup_steps: int) -> float:
+    """Factor of the peak lr for the update of optimizer step `step` (0-based)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def lr_factor_by_time(frac: float, warmup_ratio: float) -> float:
+    """Factor of the peak lr at `frac` of the time budget (never 0 in warmup: the first step moves)."""
+    if frac < warmup_ratio:
+        return max(frac / warmup_ratio, 1e-3)
+    return 0.5 * (1.0 + math.cos(math.pi * min((frac - warmup_ratio) / (1.0 - warmup_ratio), 1.0)))
+
+
+class Schedule:
+    def __init__(self, cfg: TrainConfig, total_steps: int):
+        self.cfg = cfg
+        self.total_steps = total_steps
+        self.warmup_steps = max(1, math.ceil(cfg.warmup_ratio * total_steps))
+        self.budget_s = None if cfg.time_budget_min is None else cfg.time_budget_min * 60.0
+
+    def lr(self, step: int, train_s: float) -> float:
+        if self.budget_s is None:
+            return self.cfg.lr * lr_factor_by_step(step, self.total_steps, self.warmup_steps)
+        return self.cfg.lr * lr_factor_by_time(train_s / self.budget_s, self.cfg.warmup_ratio)
+
+    def noise(self, step: int, train_s: float) -> float:
+        cfg = self.cfg
+        if cfg.noise == "none":
+            return 0.0
+        if self.budget_s is None:
+            frac = 1.0 if self.total_steps <= 1 else step / (self.total_steps - 1)
+        else:
+            frac = train_s / self.budget_s
+        return cfg.noise_start + (cfg.noise_end - cfg.noise_start) * min(max(frac, 0.0), 1.0)
+
+    def budget_spent(self, train_s: float) -> bool:
+        return self.budget_s is not None and train_s >= self.budget_s
+
+    def describe(self) -> str:
+        if self.budget_s is None:
+            return f"by steps: warmup {self.warmup_steps} of {self.total_steps}, then cosine"
+        return (f"by training time: {self.cfg.time_budget_min:g} min, warmup {self.cfg.warmup_ratio:g} of it, then "
+                f"cosine (steps capped at {self.total_steps} by --epochs/--max-steps)")
