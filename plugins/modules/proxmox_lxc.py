@@ -43,6 +43,7 @@ attributes:
     description: Shows each changed config key before and after (all keys on create and destroy).
 extends_documentation_fragment:
   - dflash.ops.proxmox_api
+  - dflash.ops.container_sizing
 options:
   node:
     description: The Proxmox VE node the container lives on.
@@ -70,9 +71,6 @@ options:
     type: str
   cores:
     description: CPU cores.
-    type: int
-  memory:
-    description: Memory limit in MiB; must hold /dev/shm's contents plus the trainer (see O(weights_gib)).
     type: int
   swap:
     description: Swap in MiB.
@@ -140,17 +138,6 @@ options:
         role reads them on the host, as this module may run elsewhere.
     type: list
     elements: str
-  weights_gib:
-    description: Size of the weights staged in /dev/shm (GiB); sizes /dev/shm and enters the memory check.
-    type: float
-  shm_margin:
-    description: Fraction added to O(weights_gib) for /dev/shm.
-    type: float
-    default: 0.1
-  trainer_memory_gib:
-    description: Host memory (GiB) the trainer needs beside /dev/shm; enters the memory check.
-    type: float
-    default: 0
   stop_timeout:
     description: Seconds a shutdown (O(state=stopped)) may take before the container is stopped hard.
     type: int

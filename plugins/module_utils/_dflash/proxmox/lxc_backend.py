@@ -20,7 +20,6 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.proxmox.api imp
 
 STATES = ("present", "started", "stopped", "absent")
 DEVN_SINCE = (8, 1)  # pve-container 5.0.7
-DEFAULT_MEMORY = 512  # PVE's default memory (MiB) for a container created without one
 CLASH = "changed by other user"
 
 
@@ -33,7 +32,6 @@ def argument_spec():
         ostemplate=dict(type="str"),
         hostname=dict(type="str"),
         cores=dict(type="int"),
-        memory=dict(type="int"),
         swap=dict(type="int"),
         rootfs=dict(type="str"),
         mounts=dict(type="list", elements="dict", options=dict(
@@ -49,13 +47,10 @@ def argument_spec():
         config=dict(type="dict"),
         gpus=dict(type="list", elements="int"),
         host_devices=dict(type="list", elements="str"),
-        weights_gib=dict(type="float"),
-        shm_margin=dict(type="float", default=0.1),
-        trainer_memory_gib=dict(type="float", default=0),
         stop_timeout=dict(type="int", default=120),
         task_timeout=dict(type="int", default=600),
     ))
-    return proxmox_api_argument_spec().merge(own)
+    return proxmox_api_argument_spec().merge(own).merge(memory.sizing_argument_spec())
 
 
 def manage_container(module, api_factory=Api):
@@ -131,7 +126,7 @@ class Container(object):
                            % (self.vmid, ", ".join(keys), who, " (an API token)" if "!" in who else "", self.vmid))
 
     def check_memory(self, current_memory):
-        mem = self.p["memory"] if self.p["memory"] is not None else int(current_memory or DEFAULT_MEMORY)
+        mem = self.p["memory"] if self.p["memory"] is not None else int(current_memory or memory.DEFAULT_MEMORY)
         memory.check_memory(mem, self.result["shm_size_gib"], self.p["trainer_memory_gib"])
 
     def create(self, want):

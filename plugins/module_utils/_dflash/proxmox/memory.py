@@ -12,7 +12,21 @@ from __future__ import annotations
 
 import math
 
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.argument_spec import ArgumentSpec
+
 MIB_PER_GIB = 1024
+DEFAULT_MEMORY = 512  # PVE's default memory (MiB) for a container created without one
+
+
+def sizing_argument_spec():
+    """memory, weights_gib, shm_margin, trainer_memory_gib: the options of proxmox_lxc and lxc_raw_config that size
+    /dev/shm and check that the container's memory holds it (doc fragment dflash.ops.container_sizing)."""
+    return ArgumentSpec(argument_spec=dict(
+        memory=dict(type="int"),
+        weights_gib=dict(type="float"),
+        shm_margin=dict(type="float", default=0.1),
+        trainer_memory_gib=dict(type="float", default=0),
+    ))
 
 
 def shm_size_gib(weights_gib, margin):

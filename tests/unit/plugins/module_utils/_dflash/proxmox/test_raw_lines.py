@@ -13,7 +13,7 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.proxmox import 
 SHM = "lxc.mount.entry: tmpfs dev/shm tmpfs nodev,nosuid,size=%dg,mode=1777,create=dir 0 0"
 CONF = """arch: amd64
 hostname: ct
-memory: 4096
+memory: 65536
 lxc.apparmor.profile: unconfined
 lxc.cgroup2.devices.allow: c 10:229 rwm
 
@@ -144,3 +144,46 @@ def test_missing_proc_devices(pve):
 def test_check_mode_before_the_container_exists(pve):
     r = rb.ensure_raw_config(Module(check_mode=True, **mod(pve, vmid=300, shm_size_gib=8).params))
     assert r["changed"] and "does not exist yet" in r["msg"]
+
+
+@pytest.fixture
+def dev(tmp_path):
+    """A stand-in /dev: two GPUs, the control nodes and one nvidia-caps node (plain files are enough to be seen)."""
+    d = tmp_path / "dev"
+    (d / "nvidia-caps").mkdir(parents=True)
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps/nvidia-cap1",
+                 "sda", "null"):
+        (d / name).write_text("")
+    return d
+
+
+def test_the_host_devices_are_read_in_the_same_call(pve, dev):
+    r = rb.ensure_raw_config(mod(pve, gpus=[1], dev_dir=str(dev), weights_gib=50))
+    assert r["host_devices"] == ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                                 "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"]
+    # sized as proxmox_lxc sizes it: 50 GiB x 1.1 -> 55, no GPU line (devN is the API's, on PVE >= 8.1)
+    assert r["exists"] and r["shm_size_gib"] == 55 and r["added"] == [SHM % 55]
+    assert not rb.ensure_raw_config(mod(pve, gpus=[1], dev_dir=str(dev), weights_gib=50))["changed"]
+
+
+def test_a_gpu_the_host_lacks_is_refused_before_anything_changes(pve, dev):
+    with pytest.raises(ModuleFailure) as e:
+        rb.ensure_raw_config(mod(pve, gpus=[0, 5], dev_dir=str(dev), weights_gib=50))
+    assert "/dev/nvidia5 not on the host (it has GPUs 0,1)" in str(e.value) and "\n" not in str(e.value)
+    assert (pve / "lxc" / "200.conf").read_text() == CONF
+
+
+@pytest.mark.parametrize("kw", [dict(weights_gib=70), dict(weights_gib=50, memory=32768),
+                                dict(weights_gib=50, trainer_memory_gib=20)])
+def test_a_shm_the_memory_cannot_hold_is_refused_with_the_numbers(pve, kw):
+    """The config's own memory (65536 MiB) or the one given must hold /dev/shm plus the trainer."""
+    with pytest.raises(ModuleFailure) as e:
+        rb.ensure_raw_config(mod(pve, **kw))
+    assert str(e.value).startswith("memory ") and "raise memory to at least" in str(e.value)
+    assert (pve / "lxc" / "200.conf").read_text() == CONF
+
+
+def test_absent_ok_before_the_container_exists(pve, dev):
+    r = rb.ensure_raw_config(mod(pve, vmid=300, gpus=[0], dev_dir=str(dev), weights_gib=50, absent_ok=True))
+    assert not r["changed"] and not r["exists"] and "/dev/nvidia0" in r["host_devices"]
+    assert not (pve / "lxc" / "300.conf").exists()
