@@ -325,6 +325,20 @@ gpu_memory_note:
   returned: state is status and gpu_memory is null
   type: str
   sample: no GPUs configured for this run
+state:
+  description:
+    - The run in one phrase - C(running); C(not running) with why in brackets (C(never launched), C(stopped by
+      SIGTERM at step N, checkpointed), C(finished at step N), or C(stopped by SIGKILL after S s at step N, before
+      the trainer checkpointed)); C(crashed) with C(exit N) in brackets (or, when the exit status was not recorded,
+      the last heartbeat); or C(container stopped) (pct; a stop then does nothing and succeeds).
+  returned: state is status, or state is stopped with nothing to stop
+  type: str
+  sample: not running (stopped by SIGTERM at step 1200, checkpointed)
+container_note:
+  description: The transport's message when the container is not running (state is V(container stopped)).
+  returned: state is status or stopped and the container is not running
+  type: str
+  sample: "container 200 is not running: start it with `pct start 200`, then run this again"
 """
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure

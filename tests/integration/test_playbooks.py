@@ -82,7 +82,7 @@ def test_restart_playbook_is_idempotent_four_ways(tmp_path):
 
 
 @pytest.mark.parametrize("extravars,msg", [({}, "no run given: add -e run=NAME"),
-                                           ({"run": "nope"}, "run nope is not declared in dflash_runs"),
+                                           ({"run": "nope"}, "undeclared run nope: declared runs are r1 (dflash_runs); fix"),
                                            ({"run": "x;id"}, "invalid run name")])
 def test_restart_playbook_refuses_bad_runs(tmp_path, extravars, msg):
     status, ev = _play(tmp_path, "restart_training.yml", extravars)
@@ -109,3 +109,49 @@ def test_a_system_directory_as_runs_root_is_refused_before_anything_changes(tmp_
                    "(e.g. dflash_runs_root=/workspace/runs)" % root)
     assert not os.path.exists(os.path.join(root, "r1"))
     assert not os.path.exists(os.path.join(root, ".dflash-lifecycle.lock"))
+
+
+def _summary(ev):
+    return [e["res"]["msg"] for e in ev if e["task"] == "Summarize"][0]
+
+
+@pytest.mark.parametrize("playbook", ["stop_training.yml", "training_status.yml"])
+def test_an_undeclared_run_fails_listing_the_declared_ones(tmp_path, playbook):
+    status, ev = _play(tmp_path, playbook, {"run": "r2"})
+    assert status == "failed"
+    assert any((e["res"].get("msg") or "").startswith("undeclared run r2: declared runs are r1 (dflash_runs)")
+               for e in ev)
+
+
+def test_stop_and_status_say_what_happened(tmp_path):
+    try:
+        status, ev = _play(tmp_path, "stop_training.yml", {"run": "r1"})
+        assert status == "successful" and not module_result(ev)["changed"]
+        assert _summary(ev) == "run r1: nothing to stop: not running (never launched)"
+        status, ev = _play(tmp_path, "training_status.yml", {"run": "r1"})
+        assert _summary(ev).startswith("run r1: not running (never launched)")
+        status, ev = _play(tmp_path, "restart_training.yml", {"run": "r1"})
+        assert status == "successful"
+        status, ev = _play(tmp_path, "stop_training.yml", {"run": "r1"})
+        assert status == "successful" and module_result(ev)["changed"]
+        status, ev = _play(tmp_path, "training_status.yml", {"run": "r1"})
+        first = _summary(ev).splitlines()[0]
+        assert first.startswith("run r1: not running (stopped by SIGTERM at step ") and first.endswith(", checkpointed)")
+        status, ev = _play(tmp_path, "stop_training.yml", {"run": "r1"})
+        assert status == "successful" and not module_result(ev)["changed"]
+        assert _summary(ev) == "run r1: nothing to stop: " + first[len("run r1: "):]
+    finally:
+        for pid in live_pids_with("--tag=pb-test"):
+            os.kill(pid, 9)
+
+
+@pytest.mark.parametrize("playbook,line", [("stop_training.yml", "run r1: nothing to stop: container stopped"),
+                                           ("training_status.yml", "run r1: container stopped")])
+def test_a_stopped_container_is_nothing_to_stop(tmp_path, playbook, line):
+    pct = tmp_path / "pct"
+    pct.write_text("#!/bin/sh\necho \"container '$2' not running!\" >&2\nexit 255\n")
+    pct.chmod(0o755)
+    status, ev = _play(tmp_path, playbook, {"run": "r1", "dflash_transport": "pct", "dflash_vmid": 201,
+                                            "dflash_pct_path": str(pct)})
+    assert status == "successful" and not module_result(ev)["changed"]
+    assert _summary(ev).splitlines()[0] == line

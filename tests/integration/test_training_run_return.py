@@ -56,6 +56,12 @@ def scenarios(ansible, runs_root):
     call("restart, crash", args(runs_root, name="r3", trainer_args={"crash": 3}), want_ok=False)
     call("restart, no heartbeat", args(runs_root, name="r4", trainer_args={"no_heartbeat": True},
                                        heartbeat_timeout=1), want_ok=False)
+    # A stopped container (pct as pve-container answers then): a stop does nothing and succeeds.
+    pct = runs_root.parent / "pct-stopped"
+    pct.write_text("#!/bin/sh\necho \"container '$2' not running!\" >&2\nexit 255\n")
+    pct.chmod(0o755)
+    call("stopped, container stopped", dict(args(runs_root, state="stopped"), transport="pct", vmid=201,
+                                            pct_path=str(pct)))
     return out
 
 
@@ -77,6 +83,11 @@ def test_return_documents_exactly_the_returned_keys(ansible, runs_root):
     assert "dead_since" not in by_label["status, alive"]
     assert "heartbeat_age_s" not in by_label["status, never launched"]
     assert by_label["restart, crash"]["rc"] == 3 and by_label["restart, crash"]["log_tail"]
+    assert by_label["status, never launched"]["state"] == "not running (never launched)"
+    assert by_label["stopped, nothing alive"]["state"].startswith("not running (stopped by SIGTERM at step ")
+    assert by_label["status, finished"]["state"] == by_label["stopped, nothing alive"]["state"]
+    assert by_label["status, dead"]["state"].startswith("crashed (exit status not recorded")
+    assert by_label["stopped, container stopped"]["state"] == "container stopped"
 
 
 def test_pct_exec_return_documents_exactly_the_returned_keys(ansible, tmp_path):

@@ -13,6 +13,7 @@ Run directory contract (DESIGN.md): launch.json, pid, train.log, heartbeat.json,
 import errno
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -60,6 +61,67 @@ def _read_pid(run_dir):
             return int(f.read().strip())
     except (OSError, ValueError):
         return None
+
+
+EXIT_RECORD = "exit.json"  # {pid, rc}: written when the lifecycle saw the launched process exit (verify)
+STOP_RECORD = "stopped.json"  # {pid, signal, waited_s, at}: written when the lifecycle stopped the run's process
+
+
+def _own_record(run_dir, name, pid):
+    rec = _read_json(os.path.join(run_dir, name))
+    return rec if isinstance(rec, dict) and pid is not None and rec.get("pid") == pid else None
+
+
+def _record(run_dir, name, data):
+    """Best effort: a record that cannot be written (full disk) must not turn a done stop into a failure."""
+    try:
+        _write_json_atomic(os.path.join(run_dir, name), data)
+    except OSError:
+        try:
+            os.unlink("%s.tmp.%d" % (os.path.join(run_dir, name), os.getpid()))
+        except OSError:
+            pass
+
+
+def _exit_text(rc):
+    if rc is None:
+        return "status unknown"
+    if rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return str(rc)
+
+
+def run_state(run_dir, pid, launch_info):
+    """One phrase for the run as an operator asks about it: running, not running (why), crashed (how)."""
+    if pid is not None:
+        return "running"
+    if launch_info is None:
+        return "not running (never launched)"
+    last = _read_pid(run_dir)
+    hb = own_heartbeat(run_dir)
+    stop = _own_record(run_dir, STOP_RECORD, last)
+    ended = _own_record(run_dir, EXIT_RECORD, last)
+    step = (hb or {}).get("step")
+    if hb and hb.get("phase") == "finished":
+        by = hb.get("stopped") or (stop or {}).get("signal")
+        if by:
+            return "not running (stopped by %s at step %s, checkpointed)" % (by, step)
+        return "not running (finished at step %s)" % step
+    if stop:
+        return "not running (stopped by %s after %ss at step %s, before the trainer checkpointed)" % (
+            stop.get("signal"), stop.get("waited_s"), step if step is not None else "?")
+    if ended:
+        return "crashed (exit %s)" % _exit_text(ended.get("rc"))
+    if hb and hb.get("phase") == "failed":
+        return "crashed (exit status not recorded; the trainer reported: %s)" % hb.get("error", "no error text")
+    if hb:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(hb.get("updated_at", 0))))
+        return ("crashed (exit status not recorded: the process is gone; last heartbeat: phase %s, step %s, %s)"
+                % (hb.get("phase"), step, when))
+    return "crashed (exit status not recorded: the process is gone before its first heartbeat)"
 
 
 def own_heartbeat(run_dir):
@@ -209,6 +271,7 @@ def verify(req, proc, timings):
     hb = first_hb = None
 
     def died(rc):
+        _record(run_dir, EXIT_RECORD, {"pid": proc.pid, "rc": rc, "at": time.time()})
         return LifecycleError("the trainer exited with status %s right after launch; see log_tail (%s)"
                               % (rc, log_path), rc=rc, pid=proc.pid,
                               log_tail=log_tail(log_path, req["log_tail_lines"]), heartbeat=_read_json(hb_path))
@@ -260,7 +323,8 @@ def status(req):
     now = time.time()
     out = {"run": req["run"], "run_dir": run_dir, "alive": pid is not None, "pid": pid,
            "launched": launch_info is not None, "fingerprint": (launch_info or {}).get("fingerprint"),
-           "launched_at": (launch_info or {}).get("launched_at"), "heartbeat": hb}
+           "launched_at": (launch_info or {}).get("launched_at"), "heartbeat": hb,
+           "state": run_state(run_dir, pid, launch_info)}
     if hb:
         out["heartbeat_age_s"] = round(now - float(hb.get("updated_at", 0)), 1)
         for key in ("phase", "step", "epoch", "loss", "tokens_per_s"):
@@ -299,6 +363,8 @@ def _stop_all(req, runs):
         info = stop_group(pid, req["stop_timeout"])
         info.update(run=name, pid=pid)
         stopped.append(info)
+        _record(os.path.join(req["runs_root"], name) if name != req["run"] else req["run_dir"], STOP_RECORD,
+                {"pid": pid, "signal": info["signal"], "waited_s": info["waited_s"], "at": time.time()})
     return stopped
 
 
@@ -379,6 +445,8 @@ def _change(req, timings):
             result.update(changed=bool(own), action="stopped" if own else "none", pid=own_pid)
             if own and not check:
                 result["stopped"] = _timed(timings, "stop", _stop_all, req, own)
+            if not own:
+                result["state"] = run_state(req["run_dir"], None, own_launch)
             return result
         if own_pid is not None and (action == "started" or (same and not req.get("force"))):
             result.update(action="noop", pid=own_pid, fingerprint=(own_launch or {}).get("fingerprint"),

@@ -58,15 +58,18 @@ def default_python(transport_mode):
     return sys.executable if transport_mode == "local" else "python3"
 
 
-def call_in_container(transport, params, request, entry, label, **failure_facts):
+def call_in_container(transport, params, request, entry, label, passthrough=(), **failure_facts):
     """main(request) of container/<entry>.py at the target, for a module with python/timeout/transport options.
 
     A transport error or a refusal (failed/msg in the result) becomes ModuleFailure("<label>: <msg>") with the
-    result's other keys (plus failure_facts) as facts.
+    result's other keys (plus failure_facts) as facts; transport errors of the types in passthrough are raised
+    as they are (for a caller to whom they are an answer, e.g. a stopped container to a stop).
     """
     try:
         result = run_lifecycle_remote(transport, request, timeout=params["timeout"], entry=entry,
                                       python=params["python"] or default_python(params["transport"]))
+    except passthrough:
+        raise
     except TransportError as exc:
         raise ModuleFailure(str(exc))
     if result.pop("failed", False):

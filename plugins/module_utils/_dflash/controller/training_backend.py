@@ -15,7 +15,7 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.life
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.run_config import build_request
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import (
-    Transport, transport_argument_spec)
+    ContainerNotRunning, Transport, transport_argument_spec)
 
 STATES = ("started", "stopped", "restarted", "status")
 
@@ -62,8 +62,16 @@ def manage_run(module):
         transport = Transport.from_params(p)
     except ValueError as exc:
         raise ModuleFailure(str(exc))
-    result = call_in_container(transport, p, request, "run_lifecycle", "run %s" % p["name"],
-                               run=request["run"], run_dir=request["run_dir"])
+    try:
+        result = call_in_container(transport, p, request, "run_lifecycle", "run %s" % p["name"],
+                                   passthrough=(ContainerNotRunning,) if request["action"] in ("stopped", "status")
+                                   else (), run=request["run"], run_dir=request["run_dir"])
+    except ContainerNotRunning as exc:
+        # Nothing runs in a stopped container: a stop has nothing to do, a status says so.
+        return {"changed": False, "run": request["run"], "run_dir": request["run_dir"], "alive": False,
+                "pid": None, "action": "none", "phase": "container stopped", "state": "container stopped",
+                "stopped": [], "heartbeat": None, "gpu_memory": None, "gpu_memory_note": "container stopped",
+                "log_tail": [], "container_note": str(exc)}
     if request["action"] == "started" and result.get("action") == "noop" and not result.get("same_config"):
         module.warn("run %s is alive with another configuration; use state=restarted to apply the new one"
                     % p["name"])

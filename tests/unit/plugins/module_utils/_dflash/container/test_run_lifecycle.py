@@ -492,3 +492,53 @@ def test_reserved_env_is_refused_in_the_container_too(runs_root, capsys):
     out = run_main(req, capsys)
     assert out["failed"] and out["msg"].startswith("the run's env sets DFLASH_RUN_DIR")
     assert not runs_root.exists()
+
+
+# --- precise states in stop and status (issue 20, item 4) -------------------------------------------------------
+
+def _state(runs_root, name="r1"):
+    return run_lifecycle.status(make_req(runs_root, name=name, state="status"))["state"]
+
+
+def test_stop_and_status_of_a_run_never_launched(runs_root):
+    res = run_lifecycle.change(make_req(runs_root, state="stopped"))
+    assert res["changed"] is False and res["action"] == "none"
+    assert res["state"] == "not running (never launched)" == _state(runs_root)
+
+
+def test_a_run_stopped_by_sigterm_says_at_which_step_it_checkpointed(runs_root):
+    pid = run_lifecycle.change(make_req(runs_root))["pid"]
+    assert _state(runs_root) == "running"
+    time.sleep(0.3)
+    stop = run_lifecycle.change(make_req(runs_root, state="stopped"))
+    assert stop["changed"] and stop["stopped"][0]["signal"] == "SIGTERM"
+    step = json.loads((runs_root / "r1" / "heartbeat.json").read_text())["step"]
+    assert step > 0
+    want = "not running (stopped by SIGTERM at step %d, checkpointed)" % step
+    assert _state(runs_root) == want
+    again = run_lifecycle.change(make_req(runs_root, state="stopped"))
+    assert again["changed"] is False and again["action"] == "none" and again["state"] == want
+    assert not procfs.is_alive(pid)
+
+
+def test_a_trainer_deaf_to_sigterm_is_reported_as_killed_before_it_checkpointed(runs_root):
+    run_lifecycle.change(make_req(runs_root, trainer_args={"interval": 0.05, "ignore_term": True}, stop_timeout=0.3))
+    stop = run_lifecycle.change(make_req(runs_root, state="stopped", stop_timeout=0.3))
+    assert stop["stopped"][0]["signal"] == "SIGKILL"
+    assert _state(runs_root).startswith("not running (stopped by SIGKILL after ")
+    assert _state(runs_root).endswith(", before the trainer checkpointed)")
+
+
+def test_a_crash_at_launch_is_reported_with_its_exit_status(runs_root, capsys):
+    out = run_main(make_req(runs_root, trainer_args={"crash": 3}), capsys)
+    assert out["failed"] and out["rc"] == 3
+    assert _state(runs_root) == "crashed (exit 3)"
+
+
+def test_a_trainer_killed_behind_our_back_is_crashed_with_its_last_heartbeat(runs_root):
+    pid = run_lifecycle.change(make_req(runs_root))["pid"]
+    os.killpg(pid, signal.SIGKILL)
+    wait_dead(pid)
+    state = _state(runs_root)
+    assert state.startswith("crashed (exit status not recorded: the process is gone; last heartbeat: phase ")
+    assert " UTC)" in state

@@ -85,3 +85,40 @@ def test_run_dir_option_that_is_a_system_directory_is_refused():
 def test_env_cannot_set_the_run_directory(where, var):
     with pytest.raises(ValueError, match="^the run's env sets %s, which the lifecycle sets itself" % var):
         rc.build_request(params(name="r1", command=["t"], **{where: {var: "/etc"}}))
+
+
+# --- a stopped container: a stop has nothing to do, a status says so (issue 20, item 4) --------------------------
+
+class _Module(object):
+    check_mode = False
+    _diff = False
+
+    def __init__(self, **params):
+        self.params = params
+
+    def warn(self, msg):
+        raise AssertionError(msg)
+
+
+def _stopped_container_pct(tmp_path):
+    pct = tmp_path / "pct"
+    pct.write_text("#!/bin/sh\necho \"container '$2' not running!\" >&2\nexit 255\n")
+    pct.chmod(0o755)
+    return str(pct)
+
+
+@pytest.mark.parametrize("state", ["stopped", "status"])
+def test_stop_and_status_in_a_stopped_container(tmp_path, state):
+    from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import training_backend
+    res = training_backend.manage_run(_Module(**params(name="r1", state=state, transport="pct", vmid=201,
+                                                        pct_path=_stopped_container_pct(tmp_path))))
+    assert res["changed"] is False and res["state"] == "container stopped" and res["alive"] is False
+    assert "container 201 is not running" in res["container_note"]
+
+
+def test_a_restart_in_a_stopped_container_still_fails(tmp_path):
+    from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import training_backend
+    from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
+    with pytest.raises(ModuleFailure, match="container 201 is not running: start it with `pct start 201`"):
+        training_backend.manage_run(_Module(**params(name="r1", state="restarted", transport="pct", vmid=201,
+                                                     command=["t"], pct_path=_stopped_container_pct(tmp_path))))
