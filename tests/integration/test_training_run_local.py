@@ -173,6 +173,8 @@ def test_two_restarts_at_once_are_serialized(ansible, runs_root):
 
 def test_runs_sharing_a_gpu_are_stopped_first(ansible, runs_root, tmp_path):
     dev = tmp_path / "gpu{index}"
+    for index in (1, 5, 6, 7):  # without NVML a GPU index needs its device file (stand-ins for /dev/nvidiaN)
+        (tmp_path / ("gpu%d" % index)).write_text("")
     a = args(runs_root, name="old", gpus=[5, 6], gpu_device_pattern=str(dev), trainer_args={"tag": "t-gpu-old"})
     ok, old = ansible.module("dflash.ops.training_run", a)
     b = args(runs_root, name="other", gpus=[1], gpu_device_pattern=str(dev), trainer_args={"tag": "t-gpu-other"})

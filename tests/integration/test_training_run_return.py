@@ -106,6 +106,8 @@ def test_pct_exec_return_documents_exactly_the_returned_keys(ansible, tmp_path):
 
 
 def test_diff_shows_the_configuration_change_and_the_runs_that_would_stop(ansible, runs_root):
+    for index in (0, 1):  # without NVML a GPU index needs its device file (stand-ins for /dev/nvidiaN)
+        (runs_root / ("nv%d" % index)).write_text("")
     ok, first = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "a"}, gpus=[0],
                                                                gpu_device_pattern=str(runs_root / "nv{index}")))
     assert ok, first.get("msg")

@@ -10,6 +10,7 @@ NVIDIA driver (the CPU default) the NVML part is skipped and the result says so 
 Part of the package shipped into the container (stdlib only; see controller/lifecycle_shipping.py).
 """
 
+import os
 import time
 
 from .procfs import cmdline, holders_of
@@ -46,13 +47,22 @@ def nvml_snapshot(indexes):
         pynvml.nvmlShutdown()
 
 
-def check_gpus_exist(gpus):
-    """Refuse (before anything is stopped) GPU indexes NVML does not know; silent when NVML is unusable."""
+def check_gpus_exist(gpus, device_pattern=None):
+    """Refuse (before anything is stopped) GPU indexes NVML does not know; when NVML is unusable, indexes whose
+    device file (device_pattern, e.g. /dev/nvidia{index}) does not exist. Without either there is nothing to check."""
     if not gpus:
         return
     try:
         pynvml = _started_nvml()
-    except RuntimeError:
+    except RuntimeError as exc:
+        if device_pattern is None:
+            return
+        missing = [g for g in gpus if not os.path.exists(device_pattern.format(index=g))]
+        if missing:
+            raise ValueError("GPU %s does not exist here: no device file %s, and NVML is unusable (%s); fix the "
+                             "run's GPU lists (dflash_target_gpus / dflash_drafter_gpus), or the driver"
+                             % (",".join(str(g) for g in missing),
+                                ", ".join(device_pattern.format(index=g) for g in missing), exc))
         return
     try:
         count = pynvml.nvmlDeviceGetCount()

@@ -456,7 +456,7 @@ def _change(req, timings):
             # Before anything is stopped: a launch that cannot start must not cost the running run.
             check_trainer(req["argv"], _launch_path(req), req.get("cwd") or req["run_dir"],
                           req.get("expect_trainer_version"))
-            check_gpus_exist(req.get("gpus") or [])
+            check_gpus_exist(req.get("gpus") or [], req["gpu_device_pattern"])
         except TrainerRefused as exc:
             raise LifecycleError(str(exc), rc=exc.rc)
         except ValueError as exc:

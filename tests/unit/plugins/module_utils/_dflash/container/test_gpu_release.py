@@ -93,6 +93,25 @@ def test_gpu_check_is_silent_without_nvml(nvml):
     gpu_release.check_gpus_exist([5])
 
 
+def test_without_nvml_gpu_indexes_are_checked_against_their_device_files(nvml, tmp_path):
+    nvml(used_mib={}, no_driver=True)
+    pattern = str(tmp_path / "nvidia{index}")
+    for index in (0, 1):
+        (tmp_path / ("nvidia%d" % index)).write_text("")
+    gpu_release.check_gpus_exist([0, 1], pattern)
+    with pytest.raises(ValueError) as exc:
+        gpu_release.check_gpus_exist([0, 1, 99, 7], pattern)
+    msg = str(exc.value)
+    assert msg.startswith("GPU 99,7 does not exist here: no device file %s, %s, and NVML is unusable (NVML could "
+                          "not start" % (tmp_path / "nvidia99", tmp_path / "nvidia7")), msg
+    assert "fix the run's GPU lists (dflash_target_gpus / dflash_drafter_gpus)" in msg
+
+
+def test_with_nvml_the_device_files_are_not_what_decides(nvml, tmp_path):
+    nvml(used_mib={}, count=2)
+    gpu_release.check_gpus_exist([0, 1], str(tmp_path / "nvidia{index}"))  # NVML sees them; no files needed
+
+
 def test_no_driver_says_the_wait_was_skipped(nvml, tmp_path):
     nvml(used_mib={}, no_driver=True)
     res = gpu_release.wait_for_release([0], str(tmp_path / "nvidia{index}"), 1024, timeout_s=0.1)

@@ -35,13 +35,18 @@ def runs_root(tmp_path):
                 procfs.stop_group(pid, 0)
 
 
-def make_req(runs_root, name="r1", state="restarted", check_mode=False, diff=False, **params):
+def make_req(runs_root, name="r1", state="restarted", check_mode=False, diff=False, devices=True, **params):
     p = training_backend.argument_spec().defaults()
     p.update(name=name, state=state, transport="local", runs_root=str(runs_root), command=[sys.executable, FAKE],
              trainer_args={"interval": 0.05}, settle_time=0.1, heartbeat_timeout=5, stop_timeout=5,
              gpu_release_timeout=2, lock_timeout=5, log_tail_lines=10,
              gpu_device_pattern=str(runs_root.parent / "dev" / "nvidia{index}"))
     p.update(params)
+    if devices:  # without NVML (as here) a GPU index needs its device file: these stand in for /dev/nvidiaN
+        for index in p["gpus"] or []:
+            dev = p["gpu_device_pattern"].format(index=index)
+            os.makedirs(os.path.dirname(dev), exist_ok=True)
+            open(dev, "a").close()
     return run_config.build_request(p, check_mode=check_mode, diff=diff)
 
 
@@ -542,3 +547,17 @@ def test_a_trainer_killed_behind_our_back_is_crashed_with_its_last_heartbeat(run
     state = _state(runs_root)
     assert state.startswith("crashed (exit status not recorded: the process is gone; last heartbeat: phase ")
     assert " UTC)" in state
+
+
+# --- GPU indexes without NVML: their device files (issue 20, item 2) ----------------------------------------------
+
+def test_a_gpu_without_its_device_file_is_refused_before_anything_is_stopped(runs_root, capsys):
+    live = run_lifecycle.change(make_req(runs_root, name="a", gpus=[0]))["pid"]
+    req = make_req(runs_root, name="a", gpus=[0, 99], devices=False, force=True, trainer_args={"tag": "x"})
+    out = run_main(req, capsys)
+    dev = req["gpu_device_pattern"].format(index=99)
+    assert out["failed"] and out["msg"].startswith(
+        "GPU 99 does not exist here: no device file %s, and NVML is unusable (" % dev)
+    assert out["msg"].endswith("); fix the run's GPU lists (dflash_target_gpus / dflash_drafter_gpus), or the "
+                               "driver") and "\n" not in out["msg"]
+    assert procfs.is_alive(live) and read_pid(runs_root, "a") == live and len(starts(runs_root, "a")) == 1
