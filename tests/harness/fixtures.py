@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,7 @@ class PlayResult:
     stdout: str
     results: dict  # task name -> list of (host, ok|failed|skipped|unreachable, res)
     seconds: float
+    plays: list = field(default_factory=list)  # (play name, wall seconds) in order, from the events' timestamps
 
     def task(self, name: str, host: str | None = None) -> dict:
         rows = [r for r in self.results.get(name, []) if host is None or r[0] == host]
@@ -267,15 +269,20 @@ def run_playbook(env: dict, playbook: Path | str, extravars: dict | None = None,
                                limit=limit, quiet=True, timeout=timeout, project_dir=str(REPO_ROOT),
                                cmdline=cmdline or None)
         results: dict = {}
+        marks = []  # (play name or None for the end, event time)
         for ev in r.events:
             kind = ev.get("event", "")
             d = ev.get("event_data", {})
+            if kind in ("playbook_on_play_start", "playbook_on_stats") and ev.get("created"):
+                marks.append((d.get("play") if kind == "playbook_on_play_start" else None,
+                              datetime.fromisoformat(ev["created"])))
             if kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable"):
                 outcome = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_skipped": "skipped",
                            "runner_on_unreachable": "unreachable"}[kind]
                 results.setdefault(d.get("task"), []).append((d.get("host"), outcome, d.get("res", {})))
         stdout = r.stdout.read() if r.stdout else ""
-        return PlayResult(r.rc, r.status, stdout, results, time.monotonic() - t0)
+        plays = [(name, (t1 - t).total_seconds()) for (name, t), (_, t1) in zip(marks, marks[1:]) if name]
+        return PlayResult(r.rc, r.status, stdout, results, time.monotonic() - t0, plays)
     finally:
         shutil.rmtree(pdd, ignore_errors=True)
 
