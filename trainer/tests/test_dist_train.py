@@ -1,0 +1,164 @@
+"""dflash-train under torchrun on the CPU (gloo): target ranks feed drafter ranks (dist_train.py).
+
+Every job is a real `python -m torch.distributed.run --standalone` of dflash-train on the tiny fixtures."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd, wait_for
+from dflash_trainer.checkpoint import find_latest
+from dflash_trainer.hs_queue import HiddenStateQueue, QueueClosed
+
+STEPS = 24
+
+
+def torchrun_cmd(tiny, out_dir, nproc, target_ranks, *extra):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            "-m", "dflash_trainer.cli", *train_cmd(tiny, out_dir, "--target-ranks", str(target_ranks), *extra)[3:]]
+
+
+def alive(pid):
+    """Running (a zombie waiting for its reaper is dead)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\tZ" not in next(line for line in f if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return False
+
+
+def rank_pids(run_dir, count):
+    paths = [os.path.join(run_dir, "ranks", f"{r}.pid") for r in range(count)]
+    wait_for(lambda: all(os.path.exists(p) for p in paths), timeout=60)
+    return [int(open(p).read()) for p in paths]
+
+
+def losses(run_dir):
+    return [(r["step"], r["loss"], r["data_crc"]) for r in read_metrics(run_dir)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, tmp_path_factory):
+    """One process, 2 micro-batches per optimizer step."""
+    out = tmp_path_factory.mktemp("ref")
+    proc = start(train_cmd(tiny, out / "ref", "--grad-accum", "2", "--max-steps", str(STEPS)), out / "ref.log")
+    assert proc.wait(timeout=300) == 0, (out / "ref.log").read_text()[-3000:]
+    return losses(out / "ref")
+
+
+def _close_to(rows, ref_rows):
+    ref = {step: (loss, crc) for step, loss, crc in ref_rows}
+    for step, loss, crc in rows:
+        assert crc == ref[step][1], f"step {step}: other batches than the single-process run"
+        assert abs(loss - ref[step][0]) <= 1e-4 * max(1.0, abs(loss)), (step, loss, ref[step][0])
+
+
+@pytest.mark.parametrize("num_targets,num_drafters", [(1, 1), (2, 1), (1, 2)])
+def test_loss_equals_single_process_and_queue_bound_holds(tiny, tmp_path, reference, num_targets, num_drafters):
+    out = tmp_path / "out"
+    accum = 2 // num_drafters  # G = accum x drafters = the reference's 2 micro-batches per step
+    proc = start(torchrun_cmd(tiny, out, num_targets + num_drafters, num_targets, "--grad-accum", str(accum),
+                              "--max-steps", str(STEPS), "--hs-queue-depth", "3", "--hs-queue-min-ready", "2"),
+                 tmp_path / "log")
+    assert proc.wait(timeout=300) == 0, (tmp_path / "log").read_text()[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    _close_to(losses(out), reference)
+    assert max(r["queue_high_water"] for r in rows) <= 3
+    hb = read_heartbeat(out)
+    assert hb["phase"] == "finished" and hb["step"] == STEPS and hb["pid"] == proc.pid
+    assert not os.listdir(out / "ranks")  # pid files go at a clean exit
+
+
+def test_queue_reserves_before_receiving_and_reports_the_receivers_error():
+    q = HiddenStateQueue(depth=2, min_ready=2)
+    assert q.reserve() and q.reserve()
+    blocked = threading.Thread(target=q.reserve, daemon=True)
+    blocked.start()
+    time.sleep(0.2)
+    assert blocked.is_alive()  # a third transfer may not start while two slots are taken
+    q.put("a")
+    q.put("b")
+    q.wait_ready(2)
+    assert q.get() == "a"
+    blocked.join(timeout=2)
+    assert not blocked.is_alive() and q.high_water == 2
+    q.drain()
+    assert q.reserve() is False  # a stopped loop's queue takes nothing, so the targets never block
+    q.close(RuntimeError("rank 0 went away"))
+    with pytest.raises(QueueClosed, match="rank 0 went away"):
+        q.get()
+
+
+def test_sigkilled_rank_ends_the_job_naming_it(tiny, tmp_path):
+    out = tmp_path / "out"
+    proc = start(torchrun_cmd(tiny, out, 3, 1, "--epochs", "50"), tmp_path / "log")
+    try:
+        pids = rank_pids(out, 3)
+        wait_for(lambda: len(read_metrics(out)) >= 3, proc=proc, timeout=120)
+        os.kill(pids[2], signal.SIGKILL)
+        t0 = time.time()
+        status = proc.wait(timeout=30)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "log").read_text()
+    assert status != 0 and took < 30
+    # torchrun's failure summary lists every failed rank; the killed one with its signal (the root cause may be
+    # a peer whose collective broke first, whichever the agent observed first)
+    summary = log.split("FAILED")[-1]
+    killed = summary.split("rank      : 2 ")[1].split("traceback")[0]
+    assert "exitcode  : -9" in killed and "SIGKILL" in killed, summary
+    wait_for(lambda: not any(alive(p) for p in pids), timeout=10)
+
+
+def test_sigkilled_agent_leaves_no_rank(tiny, tmp_path):
+    out = tmp_path / "out"
+    proc = start(torchrun_cmd(tiny, out, 3, 2, "--epochs", "50"), tmp_path / "log")
+    try:
+        pids = rank_pids(out, 3)
+        wait_for(lambda: len(read_metrics(out)) >= 2, proc=proc, timeout=120)
+        assert all(alive(p) for p in pids)
+        proc.send_signal(signal.SIGKILL)  # the agent: its ranks live in sessions of their own
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_for(lambda: not any(alive(p) for p in pids), timeout=10)
+
+
+@pytest.mark.timeout(300)  # two jobs, one after the other, on two cores
+def test_sigterm_checkpoints_then_resume_in_another_world_repeats_and_skips_nothing(tiny, tmp_path, reference):
+    out = tmp_path / "out"
+    args = ("--max-steps", str(STEPS), "--checkpoint-interval", "1000", "--hs-queue-min-ready", "2")
+    first = start(torchrun_cmd(tiny, out, 2, 1, "--grad-accum", "2", *args), tmp_path / "log1")
+    try:
+        pids = rank_pids(out, 2)
+        wait_for(lambda: len(read_metrics(out)) >= 3, proc=first, timeout=120, interval=0.02)
+        for pid in [first.pid, *pids]:  # as the lifecycle stops a job: the agent and every rank
+            os.kill(pid, signal.SIGTERM)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    saved = find_latest(str(out))
+    assert saved, (tmp_path / "log1").read_text()[-3000:]
+    step = int(os.path.basename(saved).split("-")[1])
+    assert 3 <= step < STEPS
+    hb = read_heartbeat(out)
+    assert hb["phase"] == "finished" and hb.get("stopped") == "SIGTERM" and hb["step"] == step
+    assert not any(alive(p) for p in pids)
+
+    # 1 target + 2 drafters, one micro-batch each: the same 2 per optimizer step
+    again = start(torchrun_cmd(tiny, out, 3, 1, "--grad-accum", "1", *args), tmp_path / "log2")
+    assert again.wait(timeout=300) == 0, (tmp_path / "log2").read_text()[-3000:]
+    assert f"resumed from {saved} at step {step}" in (tmp_path / "log2").read_text()
+    rows = losses(out)
+    assert [r[0] for r in rows] == list(range(1, step + 1)) + list(range(step + 1, STEPS + 1))
+    _close_to(rows, reference)
