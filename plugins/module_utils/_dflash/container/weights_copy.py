@@ -7,8 +7,18 @@
 Reads and writes release the GIL, and so do hashlib and xxhash on large buffers, so threads copy shards in
 parallel. A source file that changes while it is copied (size or mtime) fails the copy: a half-old, half-new
 shard must never be staged.
+
+The source is read through a read-only memory map: each chunk is hashed and written straight from the page cache,
+which spares the copy into a buffer (benchmarks/stage.py: about 15% less CPU than readinto + write on tmpfs). A
+file that cannot be mapped (empty, or on a filesystem without mmap) is read into a buffer instead. A source
+truncated in place while it is mapped: each chunk is written before it is hashed, and the write of a chunk past the
+new end fails with EFAULT, which is SourceChanged; should the truncation land between a chunk's write and its hash,
+the hash's read past the end kills the stager with SIGBUS. Either way the staging fails before anything is
+replaced, and weights_backend names the cause of a SIGBUS.
 """
 
+import errno
+import mmap
 import os
 import threading
 
@@ -24,24 +34,22 @@ class SourceChanged(Exception):
 def copy_hashing(src, dst, algorithm, expect, abort):
     """Copy src to the new file dst; return its content hash. expect = {size, mtime_ns} seen by the plan."""
     h = new_hasher(algorithm)
-    buf = bytearray(BUF_BYTES)
-    view = memoryview(buf)
-    done = 0
     with open(src, "rb", buffering=0) as fin:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            while True:
-                if abort.is_set():
-                    raise InterruptedError("aborted")
-                n = fin.readinto(buf)
-                if not n:
-                    break
-                chunk = view[:n]
-                h.update(chunk)
-                written = 0
-                while written < n:
-                    written += os.write(fd, chunk[written:])
-                done += n
+            mapping = _map(fin)
+            if mapping is None:
+                done = _copy_read(fin, fd, h, abort)
+            else:
+                try:
+                    done = _copy_mapped(mapping, fd, h, abort)
+                except OSError as exc:
+                    if exc.errno != errno.EFAULT:
+                        raise
+                    raise SourceChanged("source file %s shrank while it was copied; re-run when the model store "
+                                        "is no longer being written" % src)
+                finally:
+                    mapping.close()
             st = os.fstat(fin.fileno())
         finally:
             os.close(fd)
@@ -50,6 +58,55 @@ def copy_hashing(src, dst, algorithm, expect, abort):
                             "the model store is no longer being written" % (src, done, expect["size"]))
     os.chmod(dst, COPY_MODE)
     return h.hexdigest()
+
+
+def _map(fin):
+    """A read-only mapping of the whole file, or None where it cannot be mapped (empty, no mmap support)."""
+    size = os.fstat(fin.fileno()).st_size
+    if not size:
+        return None
+    try:
+        return mmap.mmap(fin.fileno(), size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_all(fd, chunk):
+    written = 0
+    while written < len(chunk):
+        written += os.write(fd, chunk[written:])
+
+
+def _copy_mapped(mapping, fd, h, abort):
+    """Hash and write the mapping chunk by chunk; return the bytes copied (the file's size when it was mapped)."""
+    view = memoryview(mapping)
+    try:
+        for offset in range(0, len(mapping), BUF_BYTES):
+            if abort.is_set():
+                raise InterruptedError("aborted")
+            with view[offset:offset + BUF_BYTES] as chunk:  # released even on an error: the mapping can close
+                _write_all(fd, chunk)  # first: past a truncated source's end it fails with EFAULT, not SIGBUS
+                h.update(chunk)
+        return len(mapping)
+    finally:
+        view.release()
+
+
+def _copy_read(fin, fd, h, abort):
+    """Read into a buffer, hash and write it, until EOF; return the bytes copied."""
+    buf = bytearray(BUF_BYTES)
+    view = memoryview(buf)
+    done = 0
+    while True:
+        if abort.is_set():
+            raise InterruptedError("aborted")
+        n = fin.readinto(buf)
+        if not n:
+            return done
+        chunk = view[:n]
+        h.update(chunk)
+        _write_all(fd, chunk)
+        done += n
 
 
 def run_parallel(jobs, threads):

@@ -20,6 +20,7 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.comma
     Transport, transport_argument_spec)
 
 DEST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # fullmatch; siblings are named .<name>.<tag>
+SIGBUS_EXIT_RE = re.compile(r"\(exit (?:-7|135)\)")  # killed by SIGBUS: as a signal (local) or as 128+7 (a shell)
 
 
 def argument_spec():
@@ -70,8 +71,17 @@ def stage_weights(module):
         transport = Transport.from_params(p)
     except ValueError as exc:
         raise ModuleFailure(str(exc))
-    result = call_in_container(transport, p, request, "weights_stage", "model_weights %s" % request["dest"],
-                               staged=request["dest"])
+    try:
+        result = call_in_container(transport, p, request, "weights_stage", "model_weights %s" % request["dest"],
+                                   staged=request["dest"])
+    except ModuleFailure as exc:
+        if not SIGBUS_EXIT_RE.search(str(exc)):
+            raise
+        # the stager reads sources through a memory map; a source truncated under it kills it with SIGBUS
+        raise ModuleFailure("model_weights %s: the stager died of SIGBUS, which a source file under %s shrinking "
+                            "while it was copied causes; nothing was replaced (the previous copy is still served); "
+                            "re-run when the model store is no longer being written (%s)"
+                            % (request["dest"], request["source"], exc), **dict(exc.facts, staged=request["dest"]))
     if not getattr(module, "_diff", False):
         result.pop("diff", None)
     result.setdefault("changed", False)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -17,8 +18,9 @@ except ImportError:
         return None
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import (
-    weights_guards, weights_manifest, weights_stage)
+    weights_copy, weights_guards, weights_manifest, weights_stage)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import weights_backend
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
 
 COLLECTIONS = os.path.dirname(os.path.abspath(weights_stage.__file__))
 for _ in range(7):  # container → … → ansible_collections → the directory on sys.path
@@ -186,6 +188,95 @@ def test_kill_mid_copy_keeps_the_previous_copy_served_and_the_next_run_cleans_up
     assert os.path.join(str(tmp_path / "shm"), partial) in res["cleaned"]
     assert res["copied"] == ["model-00002-of-00002.safetensors"]
     assert siblings(tmp_path) == [".M.lock", os.path.basename(res["version"]), "M"]
+
+
+def test_copy_reads_through_a_mapping_or_a_buffer_with_the_same_hash_and_checks_the_source(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    write(src, 3 * MB + 7, seed=3)
+    st = os.stat(str(src))
+    expect = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    algo = weights_manifest.hash_algorithm()
+    never = threading.Event()
+    mapped = weights_copy.copy_hashing(str(src), str(tmp_path / "a"), algo, expect, never)
+    assert mapped == weights_manifest.hash_file(str(src), algo)
+    assert (tmp_path / "a").read_bytes() == src.read_bytes() and os.stat(str(tmp_path / "a")).st_mode & 0o777 == 0o444
+    with pytest.raises(FileExistsError):  # O_EXCL: never into a file that is already there
+        weights_copy.copy_hashing(str(src), str(tmp_path / "a"), algo, expect, never)
+    for changed in (dict(expect, mtime_ns=expect["mtime_ns"] - 1), dict(expect, size=expect["size"] + 1)):
+        with pytest.raises(weights_copy.SourceChanged):
+            weights_copy.copy_hashing(str(src), str(tmp_path / ("c%d" % changed["size"])), algo, changed, never)
+    aborted = threading.Event()
+    aborted.set()
+    with pytest.raises(InterruptedError):
+        weights_copy.copy_hashing(str(src), str(tmp_path / "x"), algo, expect, aborted)
+    monkeypatch.setattr(weights_copy, "_map", lambda fin: None)  # a filesystem without mmap: read into a buffer
+    assert weights_copy.copy_hashing(str(src), str(tmp_path / "b"), algo, expect, never) == mapped
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    st = os.stat(str(empty))
+    monkeypatch.undo()
+    assert weights_copy.copy_hashing(str(empty), str(tmp_path / "e"), algo,
+                                     {"size": 0, "mtime_ns": st.st_mtime_ns}, never) == weights_manifest.hash_file(
+        str(empty), algo)
+
+
+class Module(object):
+    def __init__(self, **params):
+        self.params, self.check_mode, self._diff = params, False, False
+
+
+def test_source_truncated_mid_copy_fails_with_its_cause_and_replaces_nothing(tmp_path, model):
+    first = stage(tmp_path)
+    dest = str(tmp_path / "shm" / "M")
+    before = staged_files(dest)
+    big = model / "model-00002-of-00002.safetensors"
+    with open(str(big), "wb") as f:
+        f.truncate(1536 * MB)  # sparse: quick to make, slow enough to copy that we catch it mid-way
+    params = weights_backend.argument_spec().defaults()
+    params.update(source=str(model), dest=dest, transport="local", runs_root=str(tmp_path / "runs"), threads=1,
+                  python=sys.executable)
+    out = {}
+
+    def run():
+        try:
+            out["result"] = weights_backend.stage_weights(Module(**params))
+        except ModuleFailure as exc:
+            out["error"] = exc
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    caught = False
+    while not caught and time.monotonic() < deadline and t.is_alive():
+        for name in siblings(tmp_path):
+            path = os.path.join(str(tmp_path / "shm"), name, big.name)
+            if name.startswith(".M.tmp-") and os.path.exists(path) and 0 < os.path.getsize(path) < 1024 * MB:
+                os.truncate(str(big), MB)  # in place, as cp or rsync --inplace over the shard would
+                caught = True
+                break
+        time.sleep(0.001)
+    t.join(60)
+    assert caught, "never saw the copy in progress"
+    msg = str(out["error"])  # the write past the new end (EFAULT), else the hash's read (SIGBUS), else size/mtime
+    assert "source file %s shrank while it was copied" % big in msg or "changed while it was copied" in msg or \
+        "the stager died of SIGBUS, which a source file under %s shrinking" % model in msg, msg
+    assert out["error"].facts["staged"] == dest
+    assert os.path.realpath(dest) == first["version"] and staged_files(dest) == before
+    res = stage(tmp_path)
+    assert res["copied"] == [big.name] and siblings(tmp_path) == [".M.lock", os.path.basename(res["version"]), "M"]
+
+
+@pytest.mark.parametrize("rc", [-7, 135])
+def test_a_stager_killed_by_sigbus_is_reported_as_a_source_that_shrank(tmp_path, monkeypatch, rc):
+    def died(*a, **k):
+        raise ModuleFailure("the lifecycle script failed in the local host (exit %d): no output" % rc)
+    monkeypatch.setattr(weights_backend, "call_in_container", died)
+    params = weights_backend.argument_spec().defaults()
+    params.update(source="/store/M", dest="/dev/shm/M", transport="local")
+    with pytest.raises(ModuleFailure) as exc:
+        weights_backend.stage_weights(Module(**params))
+    assert str(exc.value).startswith("model_weights /dev/shm/M: the stager died of SIGBUS, which a source file "
+                                     "under /store/M shrinking while it was copied causes; nothing was replaced")
+    assert exc.value.facts == {"staged": "/dev/shm/M"}
 
 
 def test_memory_cgroup_too_small_is_refused_with_the_numbers(tmp_path, model, monkeypatch):
