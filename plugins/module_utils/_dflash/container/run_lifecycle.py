@@ -23,6 +23,7 @@ from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
 from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
 from .run_name import validate_run_name
 from .run_paths import check_not_system_dir, check_reserved_env
+from .run_space import check_space, checkpoints_dir, last_checkpoint
 from .trainer_record import TrainerRefused, check_trainer
 
 LOCK_NAME = ".dflash-lifecycle.lock"
@@ -48,11 +49,24 @@ def _read_json(path):
 
 def _write_json_atomic(path, data):
     tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _unlink(tmp)  # never a temp file left behind (a full disk fails the write, or the fsync)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = path  # a failed write or flush names no file by itself
+        raise
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _read_pid(run_dir):
@@ -77,10 +91,7 @@ def _record(run_dir, name, data):
     try:
         _write_json_atomic(os.path.join(run_dir, name), data)
     except OSError:
-        try:
-            os.unlink("%s.tmp.%d" % (os.path.join(run_dir, name), os.getpid()))
-        except OSError:
-            pass
+        pass  # _write_json_atomic removed its temp file
 
 
 def _exit_text(rc):
@@ -223,6 +234,17 @@ def _launch_path(req):
     return str((req.get("env") or {}).get("PATH", LAUNCH_PATH))
 
 
+def _restore(kept, run_dir):
+    """Undo _keep_previous when the new launch could not even start: the previous launch stays the record."""
+    _unlink(os.path.join(run_dir, "launch.json"))  # this launch never happened
+    for path in kept:
+        name = "launch.json" if os.path.basename(path).startswith("launch.") else LOG_NAME
+        try:
+            os.rename(path, os.path.join(run_dir, name))
+        except OSError:
+            pass
+
+
 def launch(req, now):
     run_dir = req["run_dir"]
     kept = _keep_previous(run_dir, now)
@@ -230,14 +252,19 @@ def launch(req, now):
         "run": req["run"], "argv": req["argv"], "env": req.get("env") or {},
         "secret_env_names": sorted((req.get("secret_env") or {}).keys()), "gpus": req.get("gpus") or [],
         "cwd": req.get("cwd"), "fingerprint": req["fingerprint"], "launched_at": now, "log": LOG_NAME,
+        "checkpoints": checkpoints_dir(req["argv"], run_dir),
     }
-    _write_json_atomic(os.path.join(run_dir, "launch.json"), public)
     env = {"PATH": LAUNCH_PATH}
     env.update(dict((k, str(v)) for k, v in (req.get("env") or {}).items()))
     env.update(dict((k, str(v)) for k, v in (req.get("secret_env") or {}).items()))
     env.update(DFLASH_RUN_DIR=run_dir, DFLASH_RUN_NAME=req["run"])
     log_path = os.path.join(run_dir, LOG_NAME)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    try:
+        _write_json_atomic(os.path.join(run_dir, "launch.json"), public)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    except OSError as exc:
+        _restore(kept, run_dir)
+        raise LifecycleError(_os_text(exc))
     try:
         proc = subprocess.Popen(
             req["argv"], stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
@@ -246,6 +273,12 @@ def launch(req, now):
             start_new_session=True, close_fds=True, env=env, cwd=req.get("cwd") or run_dir,
             preexec_fn=lambda: _write_pidfile(run_dir),
         )
+    except subprocess.SubprocessError as exc:  # the pid file could not be written in the child (a full disk)
+        _unlink(os.path.join(run_dir, "pid.tmp"))
+        _unlink(log_path)
+        _restore(kept, run_dir)
+        raise LifecycleError("could not write %s before the trainer started (%s); is the disk full?"
+                             % (os.path.join(run_dir, "pid"), exc))
     except OSError as exc:
         os.write(log_fd, ("dflash.ops: could not execute %s: %s\n" % (req["argv"][0], exc)).encode())
         raise LifecycleError("the trainer could not be started: %s: %s; check command (is the trainer installed "
@@ -457,6 +490,7 @@ def _change(req, timings):
             check_trainer(req["argv"], _launch_path(req), req.get("cwd") or req["run_dir"],
                           req.get("expect_trainer_version"))
             check_gpus_exist(req.get("gpus") or [], req["gpu_device_pattern"])
+            check_space(req["argv"], req["run_dir"])
         except TrainerRefused as exc:
             raise LifecycleError(str(exc), rc=exc.rc)
         except ValueError as exc:
@@ -465,24 +499,63 @@ def _change(req, timings):
         if check:
             return result
         result["stopped"] = _timed(timings, "stop", _stop_all, req, runs)
+        # Where each stopped run left its work, read before launch() moves this run's launch.json aside.
+        stopped_note = _stopped_note(req, result["stopped"])
         try:
-            result["gpu_wait"] = _timed(timings, "gpu_wait", wait_for_release, req.get("gpus") or [],
-                                        req["gpu_device_pattern"], req["gpu_memory_threshold_mib"],
-                                        req["gpu_release_timeout"])
-        except RuntimeError as exc:  # a refusal with its own fix, not a crash: keep what was stopped
-            raise LifecycleError(str(exc), stopped=result["stopped"], changed=bool(result["stopped"]))
-        os.makedirs(req["run_dir"], exist_ok=True)
-        now = time.time()
-        proc, result["kept"] = _timed(timings, "launch", launch, req, now)
-        result["pid"] = proc.pid
-        result["fingerprint"] = req["fingerprint"]
-        # Still under the lock: a concurrent restart must not stop this launch before it is proven live.
-        try:
-            result["heartbeat"] = _timed(timings, "verify", verify, req, proc, timings)
+            _launch_after_stop(req, result, timings)
         except LifecycleError as exc:
-            raise _stopped_after_failed_verify(req, proc, exc)
+            raise _after_stop(exc, result["stopped"], stopped_note)
+        except OSError as exc:  # a full disk, a read-only mount: name the path, never a bare errno
+            raise _after_stop(LifecycleError(_os_text(exc)), result["stopped"], stopped_note)
     result["phase"] = result["heartbeat"].get("phase")
     return result
+
+
+def _launch_after_stop(req, result, timings):
+    try:
+        result["gpu_wait"] = _timed(timings, "gpu_wait", wait_for_release, req.get("gpus") or [],
+                                    req["gpu_device_pattern"], req["gpu_memory_threshold_mib"],
+                                    req["gpu_release_timeout"])
+    except RuntimeError as exc:  # a refusal with its own fix, not a crash: keep what was stopped
+        raise LifecycleError(str(exc))
+    os.makedirs(req["run_dir"], exist_ok=True)
+    now = time.time()
+    proc, result["kept"] = _timed(timings, "launch", launch, req, now)
+    result["pid"] = proc.pid
+    result["fingerprint"] = req["fingerprint"]
+    # Still under the lock: a concurrent restart must not stop this launch before it is proven live.
+    try:
+        result["heartbeat"] = _timed(timings, "verify", verify, req, proc, timings)
+    except LifecycleError as exc:
+        raise _stopped_after_failed_verify(req, proc, exc)
+
+
+def _os_text(exc):
+    return "could not write %s: %s" % (exc.filename or "the run directory", exc.strerror or exc)
+
+
+def _run_dir_of(req, name):
+    return req["run_dir"] if name == req["run"] else os.path.join(req["runs_root"], name)
+
+
+def _stopped_note(req, stopped):
+    """'the previous run r1 (pid 42) was stopped (SIGTERM) before this failure; its last checkpoint is …'."""
+    parts = []
+    for info in stopped:
+        run_dir = _run_dir_of(req, info["run"])
+        launch_info = _read_json(os.path.join(run_dir, "launch.json")) or {}
+        ckpt = last_checkpoint(checkpoints_dir(launch_info.get("argv"), run_dir))
+        parts.append("the previous run %s (pid %s) was stopped (%s) before this failure; %s" % (
+            info["run"], info["pid"], info["signal"],
+            "its last checkpoint is %s" % ckpt if ckpt else "it has no checkpoint (%s is empty)"
+            % checkpoints_dir(launch_info.get("argv"), run_dir)))
+    return "; ".join(parts)
+
+
+def _after_stop(exc, stopped, note):
+    """Every failure after a stop says that the previous run was stopped and where its work is."""
+    facts = dict(exc.facts, stopped=stopped, changed=bool(stopped))
+    return LifecycleError("%s; %s" % (exc, note) if note else str(exc), **facts)
 
 
 def _handle(req):

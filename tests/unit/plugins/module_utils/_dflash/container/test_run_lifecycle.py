@@ -5,6 +5,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -561,3 +562,131 @@ def test_a_gpu_without_its_device_file_is_refused_before_anything_is_stopped(run
     assert out["msg"].endswith("); fix the run's GPU lists (dflash_target_gpus / dflash_drafter_gpus), or the "
                                "driver") and "\n" not in out["msg"]
     assert procfs.is_alive(live) and read_pid(runs_root, "a") == live and len(starts(runs_root, "a")) == 1
+
+
+# --- disk space: preflight before anything is stopped; failures after a stop (issue 20, item 1) ------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount(size) → a tmpfs of that size under tmp_path; trainers started there are killed, then it is unmounted."""
+    mounts = []
+
+    def mount(size, name="disk"):
+        path = tmp_path / name
+        path.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "tmpfs", str(path)], check=True)
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        for starts_file in path.glob("**/starts.jsonl"):
+            for line in starts_file.read_text().splitlines():
+                pid = json.loads(line)["pid"]
+                if procfs.is_alive(pid) and FAKE in (procfs.cmdline(pid) or []):
+                    procfs.stop_group(pid, 0)
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def _fill(path, leave=0):
+    """Write a filler file under path until the filesystem has at most `leave` bytes free."""
+    with open(os.path.join(str(path), "filler"), "ab") as f:
+        for chunk in (1 << 20, 1 << 16, 4096, 512, 1):
+            while True:
+                st = os.statvfs(str(path))
+                if st.f_bavail * st.f_frsize - chunk < leave:
+                    break
+                try:
+                    f.write(b"\0" * chunk)
+                    f.flush()
+                except OSError:
+                    break
+
+
+def _temp_files(root):
+    return [p for p in root.rglob("*") if ".tmp" in p.name]
+
+
+@needs_root
+def test_a_restart_without_room_is_refused_before_the_live_run_is_stopped(small_disk):
+    runs = small_disk("8m") / "runs"
+    args = {"interval": 0.05, "ckpt_every": 100000, "keep_checkpoints": 1}
+    run_lifecycle.change(make_req(runs, trainer_args=args))
+    run_lifecycle.change(make_req(runs, state="stopped"))
+    ckpt = runs / "r1" / "checkpoints" / (runs / "r1" / "checkpoints" / "latest").read_text().strip()
+    (ckpt / "weights.bin").write_bytes(b"\1" * (2 << 20))  # the newest checkpoint now weighs 2 MiB
+    live = run_lifecycle.change(make_req(runs, trainer_args=args))["pid"]  # 1 MiB + 2 MiB needed, ~6 MiB free
+    _fill(runs, leave=2 << 20)
+    before = (runs / "r1" / "launch.json").read_text()
+    with pytest.raises(run_lifecycle.LifecycleError) as exc:
+        run_lifecycle.change(make_req(runs, trainer_args=dict(args, tag="new"), force=True))
+    msg = str(exc.value)
+    assert msg.startswith("not enough disk space in %s: " % (runs / "r1")), msg
+    free, needed = [int(x) for x in re.findall(r": (\d+) bytes free .* (\d+) needed \(", msg)[0]]
+    assert free < needed and needed >= (3 << 20)
+    assert "(launch 1048576 + 1 checkpoint of " in msg and "estimated from %s (keep_checkpoints 1 + 1)" % ckpt in msg
+    assert msg.endswith("; nothing was stopped") and "\n" not in msg
+    assert procfs.is_alive(live) and read_pid(runs) == live
+    assert (runs / "r1" / "launch.json").read_text() == before
+    assert _temp_files(runs) == []
+
+
+@needs_root
+def test_the_checkpoint_directory_on_another_disk_is_checked_too(small_disk, runs_root):
+    out = small_disk("4m", "ckpt")
+    step = out / "checkpoints" / "step-7"
+    step.mkdir(parents=True)
+    (step / "model.safetensors").write_bytes(b"\1" * (1536 << 10))
+    (out / "checkpoints" / "latest").write_text("step-7")
+    with pytest.raises(run_lifecycle.LifecycleError) as exc:
+        run_lifecycle.change(make_req(runs_root, trainer_args={"interval": 0.05, "output_dir": str(out),
+                                                               "keep_checkpoints": 3}))
+    msg = str(exc.value)
+    assert msg.startswith("not enough disk space in %s: " % (out / "checkpoints")), msg
+    assert "3 checkpoints of " in msg and "estimated from %s (keep_checkpoints 3 + 1)" % step in msg
+    assert not (runs_root / "r1").exists()
+
+
+@needs_root
+def test_a_full_disk_after_the_stop_says_the_run_was_stopped_and_where_its_checkpoint_is(small_disk):
+    runs = small_disk("8m") / "runs"
+    dev = runs.parent / "dev" / "nvidia0"  # make_req's stand-in device file (make_req creates it)
+    first = run_lifecycle.change(make_req(runs, gpus=[0], trainer_args={"interval": 0.05, "ckpt_every": 100000}))
+    before = (runs / "r1" / "launch.json").read_text()
+    # A stray holder of the GPU keeps the lifecycle waiting after the stop; meanwhile the disk fills up.
+    holder = subprocess.Popen([sys.executable, "-c", "import sys,time; f=open(sys.argv[1]); time.sleep(60)", str(dev)])
+
+    def fill_then_release():
+        wait_dead(first["pid"], timeout=20)
+        record = runs / "r1" / run_lifecycle.STOP_RECORD
+        deadline = time.monotonic() + 20  # the lifecycle records its stop right after it: let it land first
+        while not (record.exists() and json.loads(record.read_text() or "{}").get("pid") == first["pid"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        _fill(runs)
+        holder.kill()
+
+    filler = threading.Thread(target=fill_then_release)
+    try:
+        time.sleep(0.3)
+        filler.start()
+        with pytest.raises(run_lifecycle.LifecycleError) as exc:
+            run_lifecycle.change(make_req(runs, gpus=[0], force=True, gpu_release_timeout=20,
+                                          trainer_args={"interval": 0.05, "ckpt_every": 100000, "tag": "new"}))
+    finally:
+        filler.join()
+        holder.kill()
+        holder.wait()
+    msg = str(exc.value)
+    ckpt = runs / "r1" / "checkpoints" / (runs / "r1" / "checkpoints" / "latest").read_text().strip()
+    assert msg.startswith("could not write %s: No space left on device; " % (runs / "r1" / "launch.json")), msg
+    assert msg.endswith("the previous run r1 (pid %d) was stopped (SIGTERM) before this failure; its last "
+                        "checkpoint is %s" % (first["pid"], ckpt)), msg
+    assert exc.value.facts["stopped"][0]["run"] == "r1" and exc.value.facts["changed"] is True
+    assert _temp_files(runs) == []
+    assert (runs / "r1" / "launch.json").read_text() == before  # the previous launch stays the record
+    os.unlink(str(runs / "filler"))
+    assert _state(runs).startswith("not running (stopped by SIGTERM at step ")
