@@ -134,6 +134,12 @@ options:
     description: Seconds to wait for another lifecycle operation on the same runs root.
     type: float
     default: 900
+  keep_records:
+    description:
+      - How many earlier logs (C(train.<stamp>.log)) and launch records (C(launch.<stamp>.json)) a launch keeps in
+        the run directory, each; older ones are removed. Checkpoints are never touched.
+    type: int
+    default: 20
   expect_trainer_version:
     description:
       - The trainer version this collection expects (the training role sets the bundled trainer's).

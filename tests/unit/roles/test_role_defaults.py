@@ -19,7 +19,7 @@ COERCE = {"float": float, "int": int, "bool": bool, "str": str, "path": str, "li
 ROLES = {
     "training": (training_backend.argument_spec, {
         "stop_timeout", "gpu_release_timeout", "heartbeat_timeout", "phase_timeout", "transport", "pct_path",
-        "runs_root", "state", "force", "gpu_device_pattern"}, {
+        "runs_root", "state", "force", "gpu_device_pattern", "keep_records"}, {
         "training_status_log_lines": "the role's status report shows the log's last lines; the module returns "
                                      "none unless asked, to keep results small",
         "training_gpus": "the role derives it from dflash_target_gpus + dflash_drafter_gpus",

@@ -13,6 +13,7 @@ Run directory contract (DESIGN.md): launch.json, pid, train.log, heartbeat.json,
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -219,6 +220,34 @@ def _keep_previous(run_dir, now):
     return kept
 
 
+RECORD_RE = {"train": re.compile(r"train\.(\d{8}-\d{6})(?:\.(\d+))?\.log"),
+             "launch": re.compile(r"launch\.(\d{8}-\d{6})(?:\.(\d+))?\.json")}
+
+
+def prune_records(run_dir, keep):
+    """Remove all but the newest `keep` of train.<stamp>[.N].log and of launch.<stamp>[.N].json (each kind on its
+    own); only names _keep_previous makes are touched, never a checkpoint. Returns the removed paths."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return []
+    removed = []
+    for pattern in RECORD_RE.values():
+        found = []
+        for name in names:
+            m = pattern.fullmatch(name)
+            if m:
+                found.append(((m.group(1), int(m.group(2) or 0)), name))
+        for _key, name in sorted(found, reverse=True)[keep:]:
+            path = os.path.join(run_dir, name)
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
 def _write_pidfile(run_dir):
     # Runs in the child after setsid(), before exec: the pid on disk is the new group leader's.
     path = os.path.join(run_dir, "pid")
@@ -248,6 +277,7 @@ def _restore(kept, run_dir):
 def launch(req, now):
     run_dir = req["run_dir"]
     kept = _keep_previous(run_dir, now)
+    prune_records(run_dir, req["keep_records"])
     public = {
         "run": req["run"], "argv": req["argv"], "env": req.get("env") or {},
         "secret_env_names": sorted((req.get("secret_env") or {}).keys()), "gpus": req.get("gpus") or [],

@@ -80,6 +80,9 @@ def build_request(params, check_mode=False, diff=False):
     if clash:
         raise ValueError("%s set in both env and secret_env: keep each variable in one of them" % ", ".join(clash))
     cwd = _absolute(params["cwd"], "cwd") if params["cwd"] else None
+    if params["keep_records"] < 0:
+        raise ValueError("keep_records must be 0 or more (earlier logs and launch records kept), got %d"
+                         % params["keep_records"])
     if "{index}" not in params["gpu_device_pattern"]:
         raise ValueError("gpu_device_pattern must contain {index}, e.g. /dev/nvidia{index}")
     state = params["state"]
@@ -96,4 +99,4 @@ def build_request(params, check_mode=False, diff=False):
 # Options the lifecycle reads as they are (types already converted by the argument spec).
 _PASSED_THROUGH = ("stop_timeout", "gpu_release_timeout", "gpu_memory_threshold_mib", "gpu_device_pattern",
                    "settle_time", "heartbeat_timeout", "wait_for_phase", "phase_timeout", "log_tail_lines",
-                   "status_log_lines", "lock_timeout", "expect_trainer_version")
+                   "status_log_lines", "lock_timeout", "expect_trainer_version", "keep_records")

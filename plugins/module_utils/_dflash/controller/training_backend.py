@@ -47,6 +47,7 @@ def argument_spec():
             log_tail_lines=dict(type="int", default=40),
             status_log_lines=dict(type="int", default=0),
             lock_timeout=dict(type="float", default=900),
+            keep_records=dict(type="int", default=20),
             expect_trainer_version=dict(type="str"),
             timeout=dict(type="float", default=3600),
         ),

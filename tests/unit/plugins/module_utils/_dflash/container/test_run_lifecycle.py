@@ -690,3 +690,40 @@ def test_a_full_disk_after_the_stop_says_the_run_was_stopped_and_where_its_check
     assert (runs / "r1" / "launch.json").read_text() == before  # the previous launch stays the record
     os.unlink(str(runs / "filler"))
     assert _state(runs).startswith("not running (stopped by SIGTERM at step ")
+
+
+# --- growth: earlier logs and launch records pruned to the newest N (issue 20, item 6) ----------------------------
+
+def test_a_launch_keeps_the_newest_records_and_never_touches_checkpoints(runs_root):
+    run_dir = runs_root / "r1"
+    (run_dir / "checkpoints" / "step-4").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-4" / "train.20200101-000000.log").write_text("a checkpoint's file")
+    (run_dir / "checkpoints" / "step-4" / "state.json").write_text('{"step": 4}')
+    (run_dir / "checkpoints" / "latest").write_text("step-4")
+    for day in range(1, 26):
+        (run_dir / ("train.202001%02d-120000.log" % day)).write_text("log %d" % day)
+        (run_dir / ("launch.202001%02d-120000.json" % day)).write_text("{}")
+    (run_dir / "train.20200125-120000.1.log").write_text("same second, later")
+    (run_dir / "notes.txt").write_text("the operator's")
+    res = run_lifecycle.change(make_req(runs_root, keep_records=3))
+    assert res["action"] == "launched"
+    logs = sorted(p.name for p in run_dir.glob("train.*.log"))
+    launches = sorted(p.name for p in run_dir.glob("launch.*.json"))
+    assert logs == ["train.20200124-120000.log", "train.20200125-120000.1.log", "train.20200125-120000.log"]
+    assert launches == ["launch.20200123-120000.json", "launch.20200124-120000.json", "launch.20200125-120000.json"]
+    assert (run_dir / "checkpoints" / "step-4" / "train.20200101-000000.log").exists()
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step-4" and (run_dir / "notes.txt").exists()
+    assert (run_dir / "launch.json").exists() and (run_dir / "train.log").exists()
+
+
+def test_restarts_keep_at_most_n_records_each(runs_root):
+    for tag in "abcde":
+        run_lifecycle.change(make_req(runs_root, keep_records=2, trainer_args={"interval": 0.05, "tag": tag}))
+    run_dir = runs_root / "r1"
+    assert len(list(run_dir.glob("train.*.log"))) == 2 and len(list(run_dir.glob("launch.*.json"))) == 2
+    assert len(starts(runs_root)) == 5  # five launches; their records beyond the newest two are gone
+
+
+def test_keep_records_below_zero_is_refused():
+    with pytest.raises(ValueError, match="^keep_records must be 0 or more"):
+        make_req(__import__("pathlib").Path("/tmp/x/runs"), keep_records=-1)
