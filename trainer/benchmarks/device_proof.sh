@@ -14,6 +14,15 @@
 # Call 1 (carry .artifacts/dev-a):  bash trainer/benchmarks/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
 # Call 2 (carry .artifacts/dev-b):  bash trainer/benchmarks/device_proof.sh launch PROOF_FLAGS...
 #                                   (starts proof_smollm2.py detached, then follows it for $WATCH_S s;
+#                                   the proof trains with dflash-train: PROOF_FLAGS holds dflash-train's own
+#                                   flags, e.g. the 10-minute proof on one H200:
+#                                   --device cuda --eval-device cpu --eval-threads 12 --time-budget-min 10
+#                                   --snapshot-minutes 2,5 --compile-warmup-batches 2 --epochs 100
+#                                   --block-size 16 --gamma 7 --max-anchors 256 --token-budget 32768
+#                                   --max-seq-len 1024 --grad-accum 1 --lr 1e-3 --use-soft-labels
+#                                   --log-interval 50 --checkpoint-interval 100000 --num-eval 32
+#                                   --eval-max-new-tokens 128 --temperature 0 --regen-max-new-tokens 160
+#                                   --regen-batch-size 2048 --regen-rows-per-shard 2048 --regen-budget-s 420
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*)
 # Calls 3.. (within 30 s of the last): bash trainer/benchmarks/device_proof.sh watch [SECONDS]
@@ -110,7 +119,7 @@ launch)
         2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6
     shift
-    proof=(python3 trainer/benchmarks/proof_smollm2.py --target "$S/smollm2" --prompts "$S/prompts.jsonl")
+    proof=(python3 trainer/benchmarks/proof_smollm2.py --target-model "$S/smollm2" --prompts "$S/prompts.jsonl")
     setsid nohup "${proof[@]}" --out "$S/proof" --report-dir "$S/report" "$@" > "$S/proof.log" 2>&1 < /dev/null &
     echo "proof started (pid $!): $*"
     if [ -n "${PROOF_B:-}" ]; then

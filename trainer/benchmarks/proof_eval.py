@@ -5,8 +5,9 @@
     shorter ones while the deadline allows;
   - as a worker process on a second device while the drafter trains (`--eval-device cuda:1`):
         python trainer/benchmarks/proof_eval.py --out OUT --device cuda:1
-    it evaluates the baseline, then each snapshot as soon as train/snapshots.jsonl names it, and stops once
-    train/done exists and every named snapshot has a result. Anything the worker left undone (it crashed, or
+    it evaluates the baseline, then each snapshot as soon as train/snapshots.jsonl names it (dflash-train appends
+    a line there for each snapshot it keeps), and stops once train/done (written by the driver when dflash-train
+    has exited) exists and every named snapshot has a result. Anything the worker left undone (it crashed, or
     ran out of time) is then done inline, so a failed worker costs time, not results.
 
 Files under OUT: eval/settings.json (written by the driver), eval/baseline.json (greedy references, target-only
@@ -47,22 +48,22 @@ def write_settings(out: str, settings: dict) -> None:
     write_json_atomic(_path(out, "settings.json"), settings)
 
 
-def record_snapshot(out: str, snap: dict) -> None:
-    """Called by the trainer after each checkpoint is saved: makes it visible to the worker."""
-    with open(os.path.join(out, SNAPSHOTS), "a") as f:
-        f.write(json.dumps(snap) + "\n")
-
-
 def mark_training_done(out: str) -> None:
     open(os.path.join(out, DONE), "w").close()
 
 
-def listed_snapshots(out: str) -> list[dict]:
-    path = os.path.join(out, SNAPSHOTS)
+def read_jsonl(path: str) -> list[dict]:
+    """The complete lines of a JSON-lines file another process appends to (a line still being written is left
+    for the next read)."""
     if not os.path.isfile(path):
         return []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
+
+
+def listed_snapshots(out: str) -> list[dict]:
+    """The snapshots dflash-train has kept so far (its run dir's snapshots.jsonl: minutes, step, checkpoint...)."""
+    return read_jsonl(os.path.join(out, SNAPSHOTS))
 
 
 def snapshot_result(out: str, step: int) -> dict | None:

@@ -23,9 +23,7 @@ def _write_results(out: str, results: dict) -> None:
              f"block {results['block_size']}, {results['layers']} draft layers, mask token {results['mask_token']}, "
              f"{results['num_eval_prompts']} held-out prompts, <= {results['eval_max_new_tokens']} new tokens, "
              f"greedy, target {results['eval_dtype']} on {results.get('eval_device', results['device'])}; "
-             f"trained on {', '.join(results.get('train_devices', [results['device']]))}"
-             + (f" (replicas identical at the end: {results['replicas']['identical']})"
-                if results.get("replicas") else ""), "",
+             f"trained by dflash-train on {results['device']}", "",
              "| drafter | training min | steps | passes | τ | τ / prompt-lookup | tokens/target fwd | lossless "
              "| train τ proxy |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -39,7 +37,7 @@ def _write_results(out: str, results: dict) -> None:
         ratio = m["tau"] / base["tau"] if base else float("nan")
         lines.append(f"| DFlash | {s['minutes']} | {s['step']} | {s.get('passes', '-')} | {m['tau']:.2f} | "
                      f"{ratio:.2f} | {m['tokens_per_target_forward']:.2f} | {'yes' if m['lossless'] else 'NO'} | "
-                     f"{s['tau_proxy']:.2f} |")
+                     f"{'-' if s.get('tau_proxy') is None else format(s['tau_proxy'], '.2f')} |")
     for s in results["snapshots"]:
         if s.get("eval"):
             hist = ", ".join(f"{k}: {v}" for k, v in s["eval"]["accept_length_histogram"].items() if v)

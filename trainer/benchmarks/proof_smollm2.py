@@ -1,25 +1,29 @@
-"""Does the drafter draft? One command: regenerate data with the target, train a DFlash drafter for fixed
-wall-clock budgets, export and reload each snapshot, and measure τ against prompt-lookup, losslessly.
+"""Does the drafter draft? One command: regenerate data with the target, train a DFlash drafter with
+`dflash-train` for a wall-clock budget, export and reload each snapshot, and measure τ against prompt-lookup,
+losslessly. This script is a driver: the training is dflash-train's own loop, run as a subprocess, and every
+trainer flag (--block-size, --use-soft-labels, --time-budget-min, ...) is dflash-train's, with its default.
 
-Real target (one GPU; the SmolLM2 dir comes from `dflash-smollm2-prepare`):
-    python trainer/benchmarks/proof_smollm2.py --target ~/.cache/dflash/smollm2-135m-instruct \
-        --prompts prompts.jsonl --out runs/proof --minutes 1,2,4
-CPU smoke test of the whole path (tiny random Qwen3 target, tiny tokenizer, synthetic chats):
+Real target (one GPU; the SmolLM2 dir comes from `dflash-smollm2-prepare`), the SmolLM2 proof's settings:
+    python trainer/benchmarks/proof_smollm2.py --target-model ~/.cache/dflash/smollm2-135m-instruct \
+        --prompts prompts.jsonl --out runs/proof --device cuda --time-budget-min 10 --snapshot-minutes 2,5 \
+        --block-size 16 --gamma 7 --num-draft-layers 5 --max-anchors 256 --token-budget 32768 \
+        --max-seq-len 1024 --grad-accum 1 --lr 1e-3 --use-soft-labels --epochs 100 --log-interval 50 \
+        --checkpoint-interval 100000 --compile-warmup-batches 2
+CPU smoke test of the whole path (tiny random Qwen3 target, tiny tokenizer, synthetic chats, TINY_TRAIN_ARGV):
     python trainer/benchmarks/proof_smollm2.py --tiny --out /tmp/proof-tiny
 
-Several devices: --regen-devices cuda:0,cuda:1 splits the regeneration between them; --train-devices
-cuda:0,cuda:1 trains data-parallel (proof_train.py); --eval-device evaluates the baseline and each snapshot
-on its own device while the drafter trains (cuda:1 when training uses only cuda:0; or cpu).
+Several devices: --regen-devices cuda:0,cuda:1 splits the regeneration between them; --eval-device evaluates
+the baseline and each snapshot on its own device while the drafter trains (e.g. cpu, or a second GPU).
+Training is one dflash-train process (its --device, --target-gpus, --drafter-gpus).
 
-Steps (each writes into --out; proof.json and proof.md are rewritten after every snapshot and evaluation):
-  a) the prompts are split: the last --num-eval rows after a seeded shuffle are held out for evaluation;
+Steps (each writes into --out; proof.json and proof.md are rewritten while training runs and after each evaluation):
+  a) the prompts are split: the last --num-eval rows after a seeded shuffle (--seed) are held out for evaluation;
   b) dflash-prepare-data --regenerate answers the others with the target (batched generate, time-capped
      by --regen-budget-s) into parquet shards, one preparation per regeneration device;
-  c) one training run with the trainer's own step (dflash_trainer.step.drafter_micro_batch: anchors,
-     block mask, chunked loss) whose learning rate and noise follow the wall clock (warmup then cosine
-     over the largest budget); a checkpoint is saved when each budget in --minutes is reached
-     (proof_train.py);
-  d) each checkpoint is exported (dflash-export format) and reloaded from the export;
+  c) dflash-train --output-dir OUT/train --time-budget-min M --snapshot-minutes ...: one run whose learning rate
+     and noise follow the training time over the budget; it keeps a checkpoint at each snapshot minute and at
+     the end of the budget (OUT/train/snapshots/<M>min, listed in OUT/train/snapshots.jsonl);
+  d) each snapshot is exported (dflash-export format) and reloaded from the export;
   e) dflash-eval's evaluation on the held-out prompts (proof_eval.py, inline or alongside training): the
      target's greedy decode (reference), prompt lookup, and each snapshot's drafter; τ, histogram,
      per-slot acceptance, losslessness.
@@ -28,6 +32,7 @@ Steps (each writes into --out; proof.json and proof.md are rewritten after every
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -40,13 +45,13 @@ from multiprocessing import get_context
 
 import torch
 
+from dflash_trainer import cli
 from dflash_trainer.config import find_mask_token_id
 from dflash_trainer.prepare_data import prepare
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder is not a package
 import proof_eval  # noqa: E402
 import proof_report  # noqa: E402
-import proof_train  # noqa: E402
 
 T0 = time.time()
 
@@ -100,16 +105,16 @@ def write_split(path: str, lines: list[str], shared: bool) -> None:
         f.write(text)
 
 
-def regenerate(args, train_prompts: str, out: str, devices: list[str], shared: bool) -> tuple[str, dict]:
+def regenerate(args, cfg, train_prompts: str, out: str, devices: list[str], shared: bool) -> tuple[str, dict]:
     """The training data dir and its stats: one preparation per device (in parallel processes), each on a
     round-robin share of the prompts, gathered into one folder of links for TokenizedDataset."""
-    kw = dict(max_seq_len=args.max_seq_len, rows_per_shard=args.regen_rows_per_shard, regenerate=True,
+    kw = dict(max_seq_len=cfg.max_seq_len, rows_per_shard=args.regen_rows_per_shard, regenerate=True,
               temperature=args.temperature, max_new_tokens=args.regen_max_new_tokens,
-              batch_size=args.regen_batch_size, engine="transformers", seed=args.seed,
+              batch_size=args.regen_batch_size, engine="transformers", seed=cfg.seed,
               time_budget_s=-1.0 if shared else args.regen_budget_s, progress=False)  # shared: read only
     data_dir = os.path.join(out, "data")
     if len(devices) == 1:
-        return data_dir, prepare(args.target, [train_prompts], data_dir, device=devices[0], **kw)
+        return data_dir, prepare(cfg.target_model, [train_prompts], data_dir, device=devices[0], **kw)
     with open(train_prompts) as f:
         rows = f.readlines()
     parts = []
@@ -117,7 +122,7 @@ def regenerate(args, train_prompts: str, out: str, devices: list[str], shared: b
         parts.append(os.path.join(out, f"train_prompts-{i}.jsonl"))
         write_split(parts[-1], rows[i::len(devices)], shared)
     with ProcessPoolExecutor(len(devices), mp_context=get_context("spawn")) as pool:  # CUDA needs spawn
-        futures = [pool.submit(prepare, args.target, [part], os.path.join(data_dir, f"part-{i}"), device=d, **kw)
+        futures = [pool.submit(prepare, cfg.target_model, [part], os.path.join(data_dir, f"part-{i}"), device=d, **kw)
                    for i, (part, d) in enumerate(zip(parts, devices))]
         part_stats = [f.result() for f in futures]
     joined = os.path.join(data_dir, "all")
@@ -161,83 +166,85 @@ def device_problem(name: str) -> str | None:
     return None
 
 
-def parse_args(argv):
+# The tiny smoke shape (--tiny): a command line for dflash-train, given before the user's flags (which win).
+TINY_TRAIN_ARGV = ["--block-size", "8", "--num-draft-layers", "1", "--token-budget", "1024", "--max-batch-size", "8",
+                   "--max-seq-len", "256", "--max-anchors", "32", "--gamma", "4", "--lr", "3e-3", "--grad-accum", "1",
+                   "--epochs", "1000", "--log-interval", "10", "--time-budget-min", "0.25"]
+# Set by this driver, not handed on from its command line.
+DRIVER_SET = ("data_dir", "output_dir", "run_dir", "target_model", "mask_token_id")
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", help="HF target dir (e.g. from dflash-smollm2-prepare)")
-    p.add_argument("--prompts", help="chat JSONL of prompts (proof_prompts.py builds one)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny target, tokenizer and chats")
-    p.add_argument("--minutes", default=None, help="comma-separated training budgets (default 1,2,4; tiny 0.1,0.25)")
-    p.add_argument("--num-eval", type=int, default=24)
-    p.add_argument("--eval-max-new-tokens", type=int, default=192)
-    p.add_argument("--regen-max-new-tokens", type=int, default=384)
-    p.add_argument("--regen-batch-size", type=int, default=512)
-    p.add_argument("--regen-budget-s", type=float, default=120.0, help="stop starting new shards after this")
-    p.add_argument("--regen-rows-per-shard", type=int, default=512)
-    p.add_argument("--data-root", default=None,
+    g = p.add_argument_group("proof")
+    g.add_argument("--prompts", help="chat JSONL of prompts (proof_prompts.py builds one)")
+    g.add_argument("--out", required=True)
+    g.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny target, tokenizer and chats")
+    g.add_argument("--num-eval", type=int, default=24)
+    g.add_argument("--eval-max-new-tokens", type=int, default=192)
+    g.add_argument("--regen-max-new-tokens", type=int, default=384)
+    g.add_argument("--regen-batch-size", type=int, default=512)
+    g.add_argument("--regen-budget-s", type=float, default=120.0, help="stop starting new shards after this")
+    g.add_argument("--regen-rows-per-shard", type=int, default=512)
+    g.add_argument("--data-root", default=None,
                    help="where the prompt split and the regenerated data live (default --out); a second proof "
                         "given the first one's --out reuses its data (prepare-data's fingerprint checks that "
                         "prompts, split and settings are the same) and regenerates nothing")
-    p.add_argument("--init-drafter", default=None,
-                   help="start from these weights (an export dir or checkpoints/step-N of the same drafter shape)")
-    p.add_argument("--regen-devices", default=None,
+    g.add_argument("--regen-devices", default=None,
                    help="comma-separated, e.g. cuda:0,cuda:1: one regeneration process each (default: --device)")
-    p.add_argument("--train-devices", default=None,
-                   help="comma-separated, e.g. cuda:0,cuda:1: data-parallel training, one process each "
-                        "(default: --device)")
-    p.add_argument("--eval-device", default=None,
-                   help="evaluate on this device (e.g. cuda:1) while training; default: after training, on --device")
-    p.add_argument("--eval-threads", type=int, default=None, help="torch threads of a CPU evaluation worker")
-    p.add_argument("--temperature", type=float, default=0.7, help="regeneration; 0 = greedy, like the evaluation")
-    p.add_argument("--eager-layers", action="store_true",
-                   help="do not compile the drafter layers (CUDA; run 3 trained so at 2.9 steps/s, "
-                        "run 5 compiled at ~6.0)")
-    p.add_argument("--soft-labels", action="store_true", help="KL to the target's distribution instead of CE")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--layers", type=int, default=5)
-    p.add_argument("--taps", type=int, default=5)
-    p.add_argument("--gamma", type=float, default=7.0)
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--warmup", type=float, default=0.04, help="fraction of the largest budget")
-    p.add_argument("--noise-start", type=float, default=0.05)
-    p.add_argument("--noise-end", type=float, default=0.01)
-    p.add_argument("--token-budget", type=int, default=32768)
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--max-seq-len", type=int, default=1024)
-    p.add_argument("--max-anchors", type=int, default=256)
-    p.add_argument("--mask-token-id", type=int, default=None)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--warmup-batches", type=int, default=2, help="untimed compile batches before the clock")
-    p.add_argument("--report-dir", default=None, help="also write proof.json/proof.md here (e.g. $OUT)")
-    p.add_argument("--deadline-s", type=float, default=None, help="skip remaining evaluations after this")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    g.add_argument("--eval-device", default=None,
+                   help="evaluate on this device (e.g. cpu or cuda:1) while training; default: after training, on "
+                        "--device")
+    g.add_argument("--eval-threads", type=int, default=None, help="torch threads of a CPU evaluation worker")
+    g.add_argument("--temperature", type=float, default=0.7, help="regeneration; 0 = greedy, like the evaluation")
+    g.add_argument("--report-dir", default=None, help="also write proof.json/proof.md here (e.g. $OUT)")
+    g.add_argument("--deadline-s", type=float, default=None, help="skip remaining evaluations after this")
+    # dflash-train's own flags (its declaration, its defaults); --seed also seeds the split and the regeneration,
+    # --max-seq-len also caps the regenerated rows, --block-size is also the evaluation's block
+    cli.add_train_flags(p, skip=DRIVER_SET[:3], required=False)
+    return p
+
+
+def parse_args(argv):
+    """(proof args, the dflash-train flags to hand on, their TrainConfig). A bad trainer flag is refused here,
+    before anything runs."""
+    p = build_parser()
     args = p.parse_args(argv)
     if args.tiny:
-        for k, v in dict(minutes=None, num_eval=min(args.num_eval, 4),
-                         eval_max_new_tokens=min(args.eval_max_new_tokens, 24), regen_max_new_tokens=24,
-                         regen_batch_size=32, regen_rows_per_shard=64, block_size=min(args.block_size, 8),
-                         layers=min(args.layers, 1), token_budget=1024, max_batch_size=8, max_seq_len=256,
-                         max_anchors=32, gamma=4.0, lr=3e-3, log_every=10,
+        for k, v in dict(num_eval=min(args.num_eval, 4), eval_max_new_tokens=min(args.eval_max_new_tokens, 24),
+                         regen_max_new_tokens=24, regen_batch_size=32, regen_rows_per_shard=64,
                          # greedy answers of the random tiny target are a deterministic function to learn
                          temperature=0.0).items():
-            if k != "minutes":
-                setattr(args, k, v)
-        args.minutes = args.minutes or "0.1,0.25"
-    elif not (args.target and args.prompts):
-        p.error("--target and --prompts are required without --tiny")
-    args.minutes = [float(x) for x in (args.minutes or "1,2,4").split(",")]
-    args.regen_devices, args.train_devices = (
-        [d.strip() for d in flag.split(",") if d.strip()] if flag else None
-        for flag in (args.regen_devices, args.train_devices))
-    if args.train_devices and len(set(args.train_devices)) != len(args.train_devices) \
-            and any(d.startswith("cuda") for d in args.train_devices):
-        p.error(f"--train-devices {','.join(args.train_devices)}: a GPU named twice; name each GPU once")
-    for d in (args.regen_devices or []) + (args.train_devices or []) + [args.eval_device] * bool(args.eval_device):
+            setattr(args, k, v)
+        if getattr(args, "target_model", None) is None:
+            args.target_model = os.path.join(os.path.abspath(args.out), "tiny_target")  # setup_tiny() makes it
+    elif not (getattr(args, "target_model", None) and args.prompts):
+        p.error("--target-model and --prompts are required without --tiny")
+    train_argv = (TINY_TRAIN_ARGV if args.tiny else []) + cli.given_train_argv(args, skip=DRIVER_SET)
+    cfg = train_config(args, train_argv, data_dir="-")
+    if cfg.time_budget_min is None:
+        p.error("--time-budget-min is required: the proof trains for a wall-clock budget")
+    args.regen_devices = [d.strip() for d in args.regen_devices.split(",") if d.strip()] if args.regen_devices \
+        else None
+    for d in (args.regen_devices or []) + [args.eval_device] * bool(args.eval_device):
         problem = device_problem(d)
         if problem:
             p.error(f"device {d!r}: {problem}")
-    return args
+    return args, train_argv, cfg
+
+
+def train_config(args, train_argv: list[str], data_dir: str, mask_token_id: int | None = None):
+    """The dflash-train config of this proof (cli.config_from_args: the flags' checks, one-line errors)."""
+    argv = ["--target-model", args.target_model, "--data-dir", data_dir,
+            "--output-dir", os.path.join(os.path.abspath(args.out), "train"), *train_argv]
+    mask = mask_token_id if mask_token_id is not None else getattr(args, "mask_token_id", None)
+    if mask is not None:
+        argv += ["--mask-token-id", str(mask)]
+    try:
+        return cli.config_from_args(argv)
+    except ValueError as e:  # dflash-train's own one-line refusal
+        print(f"proof_smollm2.py: error: {' '.join(str(e).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def start_eval_worker(out: str, device: str, deadline_s: float | None, threads: int | None) -> subprocess.Popen:
@@ -263,73 +270,90 @@ def finish_eval_worker(worker: subprocess.Popen, deadline_s: float | None) -> No
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args, train_argv, cfg = parse_args(argv)
     try:
-        return run(args)
+        return run(args, train_argv, cfg)
     except ValueError as e:  # bad input found before the step that needs it changed anything
-        print(f"proof_smollm2.py: error: {e}", file=sys.stderr)
+        print(f"proof_smollm2.py: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 
-def run(args) -> int:
+def run(args, train_argv: list[str], cfg) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.tiny and args.target is None:
-        args.target, args.prompts = setup_tiny(out, 160)
+    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.tiny and args.prompts is None:
+        args.target_model, args.prompts = setup_tiny(out, 160)
     stage = {}
     t = time.time()
     data_root = os.path.abspath(args.data_root or out)
     os.makedirs(data_root, exist_ok=True)
-    mask_id, mask_src = mask_token_for(args.target, args.mask_token_id)
-    if args.init_drafter:  # a wrong warm start is refused before anything is written
-        proof_train.initial_weights(args.init_drafter, proof_train.drafter_config(args, mask_id))
+    mask_id, mask_src = mask_token_for(args.target_model, cfg.mask_token_id)
+    cfg = dataclasses.replace(cfg, mask_token_id=mask_id)
+    if cfg.init_drafter:  # a wrong warm start is refused (by dflash-train's own check) before anything is written
+        from dflash_trainer.train import drafter_config_for, initial_weights
+        initial_weights(cfg.init_drafter, drafter_config_for(cfg)[2])
     shared = data_root != out
-    train_prompts, eval_prompts, n_train = split_prompts(args.prompts, data_root, args.num_eval, args.seed, shared)
+    train_prompts, eval_prompts, n_train = split_prompts(args.prompts, data_root, args.num_eval, cfg.seed, shared)
     log(f"{n_train} training prompts, {args.num_eval} held out; mask token {mask_id} from {mask_src}")
-    train_devices = args.train_devices or [str(device)]
-    data_dir, stats = regenerate(args, train_prompts, data_root, args.regen_devices or [str(device)], shared)
+    data_dir, stats = regenerate(args, cfg, train_prompts, data_root, args.regen_devices or [str(device)], shared)
     stage["regenerate_s"] = round(time.time() - t, 1)
     log(f"data: {json.dumps(stats)}")
     if device.type == "cuda" and torch.cuda.is_initialized():  # only if this process generated (no new context)
         torch.cuda.empty_cache()
-    # budgets are measured from a fresh start, and no result of an earlier run may be merged into this one
+    # snapshots are measured from a fresh start, and no result of an earlier run may be merged into this one
     for stale in ("train", "eval"):
         shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
     os.makedirs(os.path.join(out, "train"))
-    proof_eval.write_settings(out, {"target": args.target, "eval_prompts": eval_prompts,
-                                    "block_size": args.block_size, "max_new_tokens": args.eval_max_new_tokens})
-    results = {"target": args.target, "block_size": args.block_size, "layers": args.layers,
+    cfg = train_config(args, train_argv, data_dir, mask_id)
+    proof_eval.write_settings(out, {"target": cfg.target_model, "eval_prompts": eval_prompts,
+                                    "block_size": cfg.block_size, "max_new_tokens": args.eval_max_new_tokens})
+    command = [sys.executable, "-m", "dflash_trainer.cli", "--target-model", cfg.target_model, "--data-dir", data_dir,
+               "--output-dir", cfg.output_dir, "--mask-token-id", str(mask_id), *train_argv]
+    results = {"target": cfg.target_model, "block_size": cfg.block_size, "layers": cfg.num_draft_layers,
                "mask_token": f"{mask_id} ({mask_src})", "num_eval_prompts": args.num_eval,
                "eval_max_new_tokens": args.eval_max_new_tokens, "eval_dtype": "float32", "device": str(device),
-               "init_drafter": args.init_drafter, "train_devices": train_devices,
-               "eval_device": args.eval_device or str(device), "data": stats, "snapshots": [], "stage_s": stage,
-               "args": vars(args)}
+               "init_drafter": cfg.init_drafter, "eval_device": args.eval_device or str(device), "data": stats,
+               "snapshots": [], "stage_s": stage, "args": vars(args), "train_command": command,
+               "train_config": cfg.to_dict()}
     worker = start_eval_worker(out, args.eval_device, args.deadline_s, args.eval_threads) if args.eval_device else None
 
     t = time.time()
-    results["snapshots"] = proof_train.run_training(args, data_dir, mask_id, out, train_devices, results, T0)
+    log(f"training: {' '.join(command)}")
+    trainer = subprocess.Popen(command, stdin=subprocess.DEVNULL)  # its log lines go to this process's stdout
+    while trainer.poll() is None:  # the report follows the snapshots and the worker's evaluations
+        time.sleep(2.0)
+        refresh(out, results)
     stage["train_s"] = round(time.time() - t, 1)
-    for key in ("replicas", "curve"):  # written by rank 0, which may have been another process
-        path = os.path.join(out, "train", f"{key}.json")
-        if os.path.isfile(path):
-            with open(path) as f:
-                results[key] = json.load(f)
     proof_eval.mark_training_done(out)
-    proof_report.write_results(out, results)  # the training record survives even if evaluation runs out of time
+    refresh(out, results)  # the training record survives even if evaluation runs out of time
+    if trainer.returncode != 0:
+        log(f"dflash-train exited with {trainer.returncode} (its log is above); evaluating what it saved")
     t = time.time()
     if worker is not None:
         finish_eval_worker(worker, args.deadline_s)
-    proof_eval.run_inline(out, device, None if args.deadline_s is None else T0 + args.deadline_s, log)
+    if results["snapshots"]:
+        proof_eval.run_inline(out, device, None if args.deadline_s is None else T0 + args.deadline_s, log)
     stage["eval_after_training_s"] = round(time.time() - t, 1)
-    proof_eval.merge(out, results)
+    refresh(out, results)
     for snap in results["snapshots"]:
         snap.setdefault("eval", None)
     stage["total_s"] = round(time.time() - T0, 1)
     proof_report.write_results(out, results)
     log(f"results: {os.path.join(out, 'proof.md')}")
     print(open(os.path.join(out, "proof.md")).read())
-    return 0
+    return 0 if trainer.returncode == 0 and results["snapshots"] else 1
+
+
+def refresh(out: str, results: dict) -> None:
+    """dflash-train's snapshots and training curve (its snapshots.jsonl and metrics.jsonl) and the evaluations so
+    far, into the report."""
+    results["snapshots"] = proof_eval.listed_snapshots(out)
+    results["curve"] = [{"step": r["step"], "s": round(r["train_s"], 1), "sequences": r["sequences"],
+                         "loss": round(r["loss"], 4), "acc1": r["slot_acc"][1], "tau_proxy": round(r["tau_proxy"], 3),
+                         "lr": r["lr"]} for r in proof_eval.read_jsonl(os.path.join(out, "train", "metrics.jsonl"))]
+    proof_eval.merge(out, results)
+    proof_report.write_results(out, results)
 
 
 if __name__ == "__main__":

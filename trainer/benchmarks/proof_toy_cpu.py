@@ -3,10 +3,11 @@
 The tiny random target of dflash-make-tiny produces noise, so no drafter (and no n-gram lookup) can
 predict it. Here the tiny Qwen3 target is first trained for a few hundred steps on the synthetic chats of
 tiny_tokenizer.py (count from a to b, repeat three words three times, list a category), so its greedy
-answers follow rules; then proof_smollm2.py runs unchanged on it: regenerate (greedy), timed drafter
-training with snapshots, export, reload, τ vs prompt lookup, losslessness.
+answers follow rules; then proof_smollm2.py runs unchanged on it: regenerate (greedy), dflash-train with a
+time budget and snapshots, export, reload, τ vs prompt lookup, losslessness.
 
     python trainer/benchmarks/proof_toy_cpu.py --out /tmp/proof-toy          # ~5 min on 2 CPU cores
+Other flags go to proof_smollm2.py after the toy's own (so they win), e.g. --time-budget-min 4.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ sys.path.insert(0, HERE)
 
 import proof_smollm2  # noqa: E402
 
+from dflash_trainer import cli  # noqa: E402
+from dflash_trainer.config import TrainConfig, declared_default  # noqa: E402
 from dflash_trainer.data import TokenizedDataset, collate  # noqa: E402
 from dflash_trainer.make_tiny import write_target  # noqa: E402
 from dflash_trainer.prepare_data import prepare  # noqa: E402
@@ -67,9 +70,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--target-steps", type=int, default=400)
-    p.add_argument("--minutes", default="0.5,1,2")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    cli.add_train_flags(p, only=("seed",))  # also seeds the toy target and its data
+    args, rest = p.parse_known_args()  # the rest goes to proof_smollm2.py (and dflash-train), after the toy's flags
+    args.seed = {"seed": declared_default(TrainConfig.__dataclass_fields__["seed"]), **cli.train_values(args)}["seed"]
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     t0 = time.time()
@@ -83,12 +86,13 @@ def main() -> int:
     prompts = [{"messages": r["messages"][:1]} for r in synthetic_chats(600, seed=args.seed + 2)]
     write_jsonl(os.path.join(out, "prompts.jsonl"), prompts)
     return proof_smollm2.main([
-        "--target", target, "--prompts", os.path.join(out, "prompts.jsonl"), "--out", os.path.join(out, "proof"),
-        "--minutes", args.minutes, "--num-eval", "24", "--eval-max-new-tokens", "48",
-        "--regen-max-new-tokens", "48", "--regen-batch-size", "64", "--regen-rows-per-shard", "192",
-        "--temperature", "0", "--block-size", "8", "--layers", "2", "--gamma", "4", "--lr", "3e-3",
-        "--token-budget", "2048", "--max-batch-size", "32", "--max-seq-len", "256", "--max-anchors", "32",
-        "--log-every", "25", "--warmup-batches", "0", "--device", "cpu", "--seed", str(args.seed)])
+        "--target-model", target, "--prompts", os.path.join(out, "prompts.jsonl"), "--out", os.path.join(out, "proof"),
+        "--time-budget-min", "2", "--snapshot-minutes", "0.5,1", "--num-eval", "24",
+        "--eval-max-new-tokens", "48", "--regen-max-new-tokens", "48", "--regen-batch-size", "64",
+        "--regen-rows-per-shard", "192", "--temperature", "0", "--block-size", "8", "--num-draft-layers", "2",
+        "--gamma", "4", "--lr", "3e-3", "--grad-accum", "1", "--epochs", "1000", "--token-budget", "2048",
+        "--max-batch-size", "32", "--max-seq-len", "256", "--max-anchors", "32", "--log-interval", "25",
+        "--device", "cpu", "--seed", str(args.seed), *rest])
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ lm_head and random target features, so the 27B target's drafter shape runs on on
 
     python trainer/benchmarks/train_step.py --preset h200-27b --out results.json
     python trainer/benchmarks/train_step.py --preset tiny-cpu            # the CPU demo shape
-    python trainer/benchmarks/train_step.py --hidden 4096 --layers 5 --vocab 151936 --device cuda ...
+    python trainer/benchmarks/train_step.py --hidden 4096 --num-draft-layers 5 --vocab 151936 --device cuda ...
+
+The drafter's settings are dflash-train's own flags (--block-size, --max-anchors, --num-draft-layers,
+--num-target-taps, --gamma, --lr, --head-chunk-size, --use-soft-labels, ...), with dflash-train's defaults.
 
 The step is the trainer's own code (dflash_trainer.step.drafter_micro_batch): on CUDA bf16 autocast,
-compiled flex_attention with a create_block_mask block mask, the frozen head chunked --head-chunk rows
+compiled flex_attention with a create_block_mask block mask, the frozen head chunked --head-chunk-size rows
 at a time. FLOPs (training = forward + backward):
   layers    3 x 2 x (Q x (q,o,MLP params) + (T+Q) x (k,v params)) per layer, + fc 3 x 2 x T x K*H x H
   attention 3 x 4 x visible (query, key) pairs x heads x head_dim   (no recomputation counted)
@@ -26,48 +29,66 @@ import time
 
 import torch
 
+from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
+from dflash_trainer.config import declared_default, flag_fields
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 
+# The trainer flags this benchmark takes: dflash-train's own (declaration, defaults and checks in config.py).
+TRAIN_FLAGS = ("device", "block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "lr", "weight_decay",
+               "grad_clip", "noise_end", "head_chunk_size", "use_soft_labels")
+# Named shapes: the model's (no target is loaded, so its shape is given here) and a dflash-train command line
+# for the drafter's flags, given before the user's (which win); without --preset, tiny-cpu. A flag that
+# neither sets has dflash-train's default.
 PRESETS = {
-    # A Qwen3.5-27B-like target (hidden 5120, vocab 248,320), the seed run's drafter: 5 layers, block 32.
-    "h200-27b": dict(hidden=5120, layers=5, heads=24, kv_heads=4, head_dim=256, intermediate=17408,
-                     vocab=248320, seq_len=8192, block=32, anchors=1024, taps=5, batch=1, device="cuda",
-                     steps=5, warmup=3),
-    # The SmolLM2-135M proof (hidden 576, vocab 49,152): 5 layers, block 16, 64 sequences of ~320 tokens.
-    "smollm2": dict(hidden=576, layers=5, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152,
-                    seq_len=320, block=16, anchors=256, taps=5, batch=64, device="cuda", steps=10, warmup=3),
+    # A Qwen3.5-27B-like target (hidden 5120, vocab 248,320), the seed run's drafter (dflash-train's defaults).
+    "h200-27b": (dict(hidden=5120, heads=24, kv_heads=4, head_dim=256, intermediate=17408, vocab=248320,
+                      seq_len=8192, batch=1, steps=5, warmup=3), ["--device", "cuda"]),
+    # The SmolLM2-135M proof (hidden 576, vocab 49,152): block 16, 64 sequences of ~320 tokens.
+    "smollm2": (dict(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152, seq_len=320,
+                     batch=64, steps=10, warmup=3), ["--device", "cuda", "--block-size", "16", "--max-anchors", "256"]),
     # The CPU demo shape (dflash-make-tiny target, README demo flags).
-    "tiny-cpu": dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
-                     seq_len=256, block=8, anchors=64, taps=5, batch=8, device="cpu", steps=10, warmup=2),
+    "tiny-cpu": (dict(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512, seq_len=256,
+                      batch=8, steps=10, warmup=2),
+                 ["--device", "cpu", "--block-size", "8", "--max-anchors", "64", "--num-draft-layers", "2"]),
 }
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named shape; flags override it")
-    for name, typ in (("hidden", int), ("layers", int), ("heads", int), ("kv-heads", int), ("head-dim", int),
-                      ("intermediate", int), ("vocab", int), ("seq-len", int), ("block", int), ("anchors", int),
-                      ("taps", int), ("batch", int), ("steps", int), ("warmup", int)):
-        p.add_argument(f"--{name}", type=typ, default=None)
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    p.add_argument("--head-chunk", type=int, default=4096, help="lm_head rows per chunk")
+    g = p.add_argument_group("shape of the random model and batch (default: the preset's, else tiny-cpu's)")
+    for name in ("hidden", "heads", "kv-heads", "head-dim", "intermediate", "vocab", "seq-len", "batch", "steps",
+                 "warmup"):
+        g.add_argument(f"--{name}", type=int, default=None)
     p.add_argument("--peak-tflops", type=float, default=790.0, help="hardware peak (H200 dense bf16: ~790)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--no-compile", action="store_true", help="eager layers on CUDA (default: torch.compile)")
     p.add_argument("--profile", action="store_true", help="after timing, print the top kernels of one step")
-    p.add_argument("--labels", choices=["hard", "soft", "both"], default="hard",
-                   help="soft = KL to a target distribution (the target's last hidden state is random here)")
+    p.add_argument("--both-labels", action="store_true",
+                   help="time hard labels, then soft (KL to a target distribution; the target's last hidden "
+                        "state is random here) in the same process")
     p.add_argument("--head-loss", choices=["default", "eager", "both"], default="default",
                    help="both: time the eager chunked head loss, then the default (compiled on CUDA), same process")
-    args = p.parse_args(argv)
-    shape = dict(PRESETS[args.preset or "tiny-cpu"])
+    cli.add_train_flags(p, only=TRAIN_FLAGS)
+    return p
+
+
+def parse_args(argv):
+    """(args, shape, train): train holds the TRAIN_FLAGS values, dflash-train's defaults where not given."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    preset = build_parser().parse_known_args(argv)[0].preset
+    shape, train_argv = PRESETS[preset or "tiny-cpu"]
+    args = build_parser().parse_args(train_argv + argv)
+    shape = dict(shape)
     for key in list(shape):
         value = getattr(args, key.replace("-", "_"), None)
         if value is not None:
             shape[key] = value
-    return args, shape
+    defaults = {f.name: declared_default(f) for f in flag_fields() if f.name in TRAIN_FLAGS}
+    train = {**defaults, **cli.train_values(args)}
+    return args, shape, train
 
 
 def flop_estimate(cfg: DrafterConfig, T: int, anchors: torch.Tensor, valid: torch.Tensor, rows: int) -> dict:
@@ -90,8 +111,8 @@ def print_result(result: dict, args) -> None:
     median, tflops = result["step_s_median"], result["achieved_tflops"]
     rows = [("device", result["device"]),
             ("variant", f"{result['labels']} labels, {result['head_loss']} head loss"),
-            ("shape", f"hidden {s['hidden']} layers {s['layers']} block {s['block']} anchors {s['anchors']} "
-                      f"vocab {s['vocab']} seq {s['seq_len']} batch {s['batch']}"),
+            ("shape", f"hidden {s['hidden']} layers {s['num_draft_layers']} block {s['block_size']} anchors "
+                      f"{s['max_anchors']} vocab {s['vocab']} seq {s['seq_len']} batch {s['batch']}"),
             ("trainable params", f"{result['trainable_params'] / 1e6:.1f} M"),
             ("step time (median)", f"{median * 1e3:.1f} ms   ({1 / median:.2f} steps/s)"),
             ("TFLOP/step layers", f"{flops['layers']:.4g}"),
@@ -107,19 +128,20 @@ def print_result(result: dict, args) -> None:
 
 
 def main(argv=None) -> int:
-    args, s = parse_args(argv)
-    device = torch.device(s["device"])
+    args, s, train = parse_args(argv)
+    device = torch.device(train["device"] if train["device"] != "auto" else
+                          ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         print("train_step.py: error: --device cuda but CUDA is not available; use --preset tiny-cpu or --device cpu",
               file=sys.stderr)
         return 2
     torch.manual_seed(0)
     num_target_layers = 64
-    cfg = DrafterConfig(hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+    cfg = DrafterConfig(hidden_size=s["hidden"], num_hidden_layers=train["num_draft_layers"], num_attention_heads=s["heads"],
                         num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"],
                         intermediate_size=s["intermediate"], vocab_size=s["vocab"],
-                        target_layer_ids=list(range(1, 1 + s["taps"])), num_target_layers=num_target_layers,
-                        block_size=s["block"], mask_token_id=s["vocab"] - 1)
+                        target_layer_ids=list(range(1, 1 + train["num_target_taps"])), num_target_layers=num_target_layers,
+                        block_size=train["block_size"], mask_token_id=s["vocab"] - 1)
     frozen_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device(device):
         drafter = DFlashDrafter(cfg)
@@ -128,15 +150,15 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not args.no_compile:
         drafter.compile_layers()
     trainable = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.01, fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW(trainable, lr=train["lr"], weight_decay=train["weight_decay"], fused=device.type == "cuda")
 
     B, T = s["batch"], s["seq_len"]
     input_ids = torch.randint(0, s["vocab"] - 1, (B, T))
     loss_mask = torch.ones(B, T, dtype=torch.bool)
     lengths = torch.full((B,), T)
-    taps = [torch.randn(B, T, s["hidden"], device=device, dtype=frozen_dtype) for _ in range(s["taps"])]
+    taps = [torch.randn(B, T, s["hidden"], device=device, dtype=frozen_dtype) for _ in range(train["num_target_taps"])]
     last = torch.randn(B, T, s["hidden"], device=device, dtype=frozen_dtype)
-    labels = ["hard", "soft"] if args.labels == "both" else [args.labels]
+    labels = ["hard", "soft"] if args.both_labels else ["soft" if train["use_soft_labels"] else "hard"]
     losses = ["eager", "default"] if args.head_loss == "both" else [args.head_loss]
     variants = [(lab, hl) for lab in labels for hl in losses]
     state = {"variant": variants[0]}
@@ -144,13 +166,13 @@ def main(argv=None) -> int:
     def micro_batch(label, head_loss, seed, noise):
         os.environ["DFLASH_EAGER_HEAD_LOSS"] = "1" if head_loss == "eager" else "0"
         return drafter_micro_batch(drafter, taps, last if label == "soft" else None, input_ids, loss_mask, lengths,
-                                   max_anchors=s["anchors"], gamma=10.0, noise_amplitude=noise, seed=seed,
-                                   head_chunk_size=args.head_chunk)
+                                   max_anchors=train["max_anchors"], gamma=train["gamma"], noise_amplitude=noise,
+                                   seed=seed, head_chunk_size=train["head_chunk_size"])
 
     def step(i):
-        out = micro_batch(*state["variant"], seed=derived_seed(0, i), noise=0.01)
+        out = micro_batch(*state["variant"], seed=derived_seed(0, i), noise=train["noise_end"])
         out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, train["grad_clip"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return out
@@ -174,7 +196,7 @@ def main(argv=None) -> int:
                   f"|grad diff|/|grad| {agreement[label]['grad_rel_diff']:.2e}")
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    anchors, valid = sample_anchors(loss_mask, s["anchors"], torch.Generator().manual_seed(0))
+    anchors, valid = sample_anchors(loss_mask, train["max_anchors"], torch.Generator().manual_seed(0))
     results, reference = [], None
     for variant in variants:
         state["variant"] = variant
@@ -200,7 +222,7 @@ def main(argv=None) -> int:
             flops["head"] = flops["head"] * 3 // 2   # + the target distribution's head matmul
             flops["total"] = flops["layers"] + flops["attention"] + flops["head"]
         tflops = flops["total"] / median / 1e12
-        result = {"labels": variant[0], "head_loss": variant[1], "shape": s, "warmup_s": warm_s,
+        result = {"labels": variant[0], "head_loss": variant[1], "shape": {**s, **train}, "warmup_s": warm_s,
                   "agreement_with_eager": agreement.get(variant[0]),
                   "compiled_layers": device.type == "cuda" and not args.no_compile,
                   "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -208,7 +230,7 @@ def main(argv=None) -> int:
                   "step_s_all": times, "steps_per_s": 1 / median, "ratio_to_first": median / reference,
                   "tflop_per_step": {k: v / 1e12 for k, v in flops.items()}, "achieved_tflops": tflops,
                   "peak_tflops": args.peak_tflops, "ratio_to_peak": tflops / args.peak_tflops,
-                  "loss": float(out.loss.detach()), "block_tokens_per_s": B * anchors.shape[1] * s["block"] / median}
+                  "loss": float(out.loss.detach()), "block_tokens_per_s": B * anchors.shape[1] * train["block_size"] / median}
         if device.type == "cuda":
             result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         results.append(result)

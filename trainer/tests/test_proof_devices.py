@@ -1,6 +1,6 @@
 """The proof driver on several devices (two CPU "devices" here): regeneration split over two processes,
-data-parallel training in two processes (gloo), evaluation in a worker process alongside training, and the
-inline fallback that finishes what a worker left undone."""
+dflash-train in its own process, evaluation in a worker process alongside training, and the inline fallback
+that finishes what a worker left undone."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 from trainer_testlib import load_benchmark
 
 
-@pytest.mark.timeout(300)
-def test_split_regeneration_parallel_training_and_eval_worker(tmp_path, capfd):
+@pytest.mark.timeout(600)
+def test_split_regeneration_training_and_eval_worker(tmp_path, capfd):
     driver = load_benchmark("proof_smollm2")
     out = tmp_path / "proof"
-    assert driver.main(["--tiny", "--out", str(out), "--minutes", "0.05,0.1", "--device", "cpu",
-                        "--regen-devices", "cpu,cpu", "--train-devices", "cpu,cpu", "--eval-device", "cpu"]) == 0
+    assert driver.main(["--tiny", "--out", str(out), "--time-budget-min", "0.1", "--snapshot-minutes", "0.05",
+                        "--device", "cpu", "--regen-devices", "cpu,cpu", "--eval-device", "cpu"]) == 0
     result = json.load(open(out / "proof.json"))
     data = result["data"]
     assert data["devices"] == ["cpu", "cpu"] and data["complete"]
@@ -27,17 +27,15 @@ def test_split_regeneration_parallel_training_and_eval_worker(tmp_path, capfd):
     assert abs(halves[0]["num_input_rows"] - halves[1]["num_input_rows"]) <= 1
     linked = sorted(os.listdir(out / "data" / "all"))
     assert len(linked) == data["num_shards"] and all(os.path.exists(out / "data" / "all" / n) for n in linked)
-    # Two ranks, one all-reduce per step: the replicas are still bit-identical at the end (they would
-    # diverge without it: each rank trains on other batches), and each step consumed one batch per rank.
+    # dflash-train trained on the regenerated data in its loader's order: each step one micro-batch
+    # (--grad-accum 1 in the tiny flags), so the sequences of a snapshot are those of the first `step` batches
     last = result["snapshots"][-1]
-    assert result["replicas"] == {"world_size": 2, "steps": last["step"], "identical": True}
     from dflash_trainer.data import BatchLoader, TokenizedDataset
-    args = result["args"]
-    loader = BatchLoader(TokenizedDataset(str(out / "data" / "all"), args["max_seq_len"]), args["seed"],
-                         args["token_budget"], args["max_batch_size"])
-    batches = [loader.next_batch() for _ in range(2 * (args["warmup_batches"] + last["step"]))]
-    assert last["sequences"] == sum(len(b.lengths) for b in batches[2 * args["warmup_batches"]:])
-    assert last["train_devices"] == ["cpu", "cpu"]
+    cfg = result["train_config"]
+    assert cfg["data_dir"] == str(out / "data" / "all") and cfg["grad_accum"] == 1
+    loader = BatchLoader(TokenizedDataset(cfg["data_dir"], cfg["max_seq_len"]), cfg["seed"], cfg["token_budget"],
+                         cfg["max_batch_size"])
+    assert last["sequences"] == sum(len(loader.next_batch().lengths) for _ in range(last["step"]))
     # the worker (a separate process, its own log prefix) evaluated the baseline and both snapshots
     assert "worker done" in capfd.readouterr().out
     assert result["baseline"]["lossless"]
@@ -74,22 +72,22 @@ def test_bad_device_is_refused_before_anything_runs(tmp_path, capsys, flag, valu
     assert not os.path.exists(tmp_path / "proof")
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(tmp_path, capsys):
     driver = load_benchmark("proof_smollm2")
     first = tmp_path / "first"
-    assert driver.main(["--tiny", "--out", str(first), "--minutes", "0.05", "--device", "cpu",
+    assert driver.main(["--tiny", "--out", str(first), "--time-budget-min", "0.05", "--device", "cpu",
                         "--regen-devices", "cpu,cpu"]) == 0
     shards = {p: os.path.getmtime(p) for p in (first / "data").rglob("*") if p.is_file()}
     split = {p: open(p).read() for p in first.glob("*prompts*.jsonl")}
-    common = ["--tiny", "--target", str(first / "tiny_target"), "--prompts", str(first / "tiny_prompts.jsonl"),
-              "--data-root", str(first), "--device", "cpu", "--regen-devices", "cpu,cpu", "--minutes", "0.05"]
+    common = ["--tiny", "--target-model", str(first / "tiny_target"), "--prompts", str(first / "tiny_prompts.jsonl"),
+              "--data-root", str(first), "--device", "cpu", "--regen-devices", "cpu,cpu", "--time-budget-min", "0.05"]
     second = tmp_path / "second"
-    assert driver.main(common + ["--out", str(second), "--warmup", "0.1"]) == 0
+    assert driver.main(common + ["--out", str(second), "--warmup-ratio", "0.1"]) == 0
     a, b = (json.load(open(d / "proof.json")) for d in (first, second))
     assert b["data"]["num_rows_written"] == a["data"]["num_rows_written"] and b["data"]["complete"]
     assert b["stage_s"]["regenerate_s"] < a["stage_s"]["regenerate_s"]
-    assert b["snapshots"][0]["eval"]["lossless"] and b["args"]["warmup"] == 0.1
+    assert b["snapshots"][0]["eval"]["lossless"] and b["train_config"]["warmup_ratio"] == 0.1
     # the first proof's data is untouched: no shard, progress or stats file was rewritten
     assert {p: os.path.getmtime(p) for p in (first / "data").rglob("*") if p.is_file()} == shards
     capsys.readouterr()
