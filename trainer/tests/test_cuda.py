@@ -90,3 +90,33 @@ def test_compiled_layers_train_through_changing_batch_shapes_on_cuda():
         opt.step()
         opt.zero_grad(set_to_none=True)
         assert torch.isfinite(out.loss), (B, T, out.loss)
+
+
+def test_overlapped_transfers_give_the_losses_of_unoverlapped_ones_on_cuda(tiny, tmp_path):
+    """dflash-train under torchrun, 1 target rank + 1 drafter rank: the losses with the hidden-state transfers
+    overlapping compute (sender/receiver threads, side streams, pinned host queue) equal bit for bit those with
+    --hs-sync-transfers (each transfer inside the loop, nothing overlapping). Over NCCL between two GPUs when there
+    are two; host-staged (gloo) between two processes on GPU 0 otherwise (NCCL refuses two ranks on one device)."""
+    import os
+    import sys
+
+    from trainer_testlib import read_metrics
+    gpus = ("0", "1") if torch.cuda.device_count() >= 2 else ("0", "0")
+    transport = "nccl" if gpus[0] != gpus[1] else "gloo"
+    losses = {}
+    for sync in (False, True):
+        out = tmp_path / f"sync-{sync}"
+        cmd = train_cmd(tiny, out, "--max-steps", "8", "--grad-accum", "2", "--hs-queue-depth", "3",
+                        "--hs-queue-min-ready", "2", *(["--hs-sync-transfers"] if sync else []))
+        cmd[cmd.index("--target-gpus") + 1], cmd[cmd.index("--drafter-gpus") + 1] = gpus
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *cmd[1:]]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                                env=dict(os.environ, DFLASH_EAGER_LAYERS="1"))
+        log = result.stdout + result.stderr
+        assert result.returncode == 0, log[-4000:]
+        assert f"({transport} transport)" in log, log[-4000:]
+        losses[sync] = [(r["step"], r["loss"]) for r in read_metrics(out)]
+    print(f"\n{transport} transport, losses overlapped: {losses[False]}\n"
+          f"{' ' * len(transport)}            not overlapped: {losses[True]}")
+    assert [s for s, _ in losses[False]] == list(range(1, 9))
+    assert losses[False] == losses[True]

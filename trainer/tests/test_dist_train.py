@@ -58,12 +58,15 @@ def _close_to(rows, ref_rows):
         assert abs(loss - ref[step][0]) <= 1e-4 * max(1.0, abs(loss)), (step, loss, ref[step][0])
 
 
-@pytest.mark.parametrize("num_targets,num_drafters", [(1, 1), (2, 1), (1, 2)])
-def test_loss_equals_single_process_and_queue_bound_holds(tiny, tmp_path, reference, num_targets, num_drafters):
+# 1 + 2 moves the hidden states without overlap (--hs-sync-transfers: in the loops, no threads): same losses
+@pytest.mark.parametrize("num_targets,num_drafters,sync", [(1, 1, False), (2, 1, False), (1, 2, True)])
+def test_loss_equals_single_process_and_queue_bound_holds(tiny, tmp_path, reference, num_targets, num_drafters,
+                                                          sync):
     out = tmp_path / "out"
     accum = 2 // num_drafters  # G = accum x drafters = the reference's 2 micro-batches per step
     proc = start(torchrun_cmd(tiny, out, num_targets + num_drafters, num_targets, "--grad-accum", str(accum),
-                              "--max-steps", str(STEPS), "--hs-queue-depth", "3", "--hs-queue-min-ready", "2"),
+                              "--max-steps", str(STEPS), "--hs-queue-depth", "3", "--hs-queue-min-ready", "2",
+                              *(["--hs-sync-transfers"] if sync else [])),
                  tmp_path / "log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "log").read_text()[-3000:]
     rows = read_metrics(out)
@@ -72,6 +75,13 @@ def test_loss_equals_single_process_and_queue_bound_holds(tiny, tmp_path, refere
     assert max(r["queue_high_water"] for r in rows) <= 3
     hb = read_heartbeat(out)
     assert hb["phase"] == "finished" and hb["step"] == STEPS and hb["pid"] == proc.pid
+    # every rank's last step: the drafters' optimizer step, the targets' step of their last micro-batch sent
+    ranks = hb["ranks"]
+    assert sorted(ranks, key=int) == [str(r) for r in range(num_targets + num_drafters)]
+    assert [ranks[str(r)]["role"] for r in range(num_targets + num_drafters)] == \
+        ["target"] * num_targets + ["drafter"] * num_drafters
+    assert all(ranks[str(r)]["step"] == STEPS for r in range(num_targets, num_targets + num_drafters))
+    assert all(ranks[str(r)]["step"] == STEPS - 1 and ranks[str(r)]["done"] for r in range(num_targets))
     assert not os.listdir(out / "ranks")  # pid files go at a clean exit
 
 
@@ -95,12 +105,59 @@ def test_queue_reserves_before_receiving_and_reports_the_receivers_error():
         q.get()
 
 
+def test_queue_memory_check_refuses_with_the_numbers(tmp_path, monkeypatch):
+    """Depth x bytes of one micro-batch of taps x this host's drafter ranks against the available host memory."""
+    import json
+
+    import torch
+
+    from dflash_trainer.config import StartupError, TrainConfig
+    from dflash_trainer.dist_train import check_queue_memory
+    from dflash_trainer.dist_world import World
+    from dflash_trainer.hs_queue import batch_tap_bytes
+    # the seed's settings: 49,152 tokens x 5 layers x 5,120 x 2 bytes ~ 2.5 GB a micro-batch, 90 -> ~226 GB
+    seed = batch_tap_bytes(49152, 5, 5120, soft_labels=False, on_cuda=True)
+    assert seed == 49152 * 5 * 5120 * 2 and round(90 * seed / 1e9, 1) == 226.5
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 5120}))
+    cfg = TrainConfig(target_model=str(tmp_path), data_dir=str(tmp_path), output_dir=str(tmp_path))
+    # rank 6 of 5 target + 3 drafter ranks on one host (torchrun's LOCAL_* variables)
+    monkeypatch.setenv("LOCAL_RANK", "6")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    world = World(rank=6, world_size=8, num_target_ranks=5, num_drafter_ranks=3, device=torch.device("cuda", 6),
+                  pid_file="")
+    check_queue_memory(cfg, world, available=700 * 10**9)  # 3 x 226.5 = 679.5 GB fit
+    with pytest.raises(StartupError) as refused:
+        check_queue_memory(cfg, world, available=500 * 10**9)
+    message = str(refused.value)
+    assert "\n" not in message
+    for part in ("679.5 GB", "--hs-queue-depth 90 x 2.52 GB", "--token-budget 49152 tokens x 5 layers x hidden 5120 x 2 "
+                 "bytes", "3 drafter rank(s)", "500.0 GB is available", "lower --hs-queue-depth to 66"):
+        assert part in message, message
+    # one drafter rank per host (e.g. 1 target + 1 drafter per node); soft labels add the last hidden state
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    soft = TrainConfig(target_model=str(tmp_path), data_dir=str(tmp_path), output_dir=str(tmp_path),
+                       use_soft_labels=True, hs_queue_depth=10, hs_queue_min_ready=2)
+    one = World(rank=1, world_size=2, num_target_ranks=1, num_drafter_ranks=1, device=torch.device("cpu"), pid_file="")
+    need = 10 * 49152 * 6 * 5120 * 4  # fp32 on the CPU
+    check_queue_memory(soft, one, available=need)
+    with pytest.raises(StartupError, match="1 drafter rank"):
+        check_queue_memory(soft, one, available=need - 1)
+
+
 def test_sigkilled_rank_ends_the_job_naming_it(tiny, tmp_path):
     out = tmp_path / "out"
     proc = start(torchrun_cmd(tiny, out, 3, 1, "--epochs", "50"), tmp_path / "log")
     try:
         pids = rank_pids(out, 3)
         wait_for(lambda: len(read_metrics(out)) >= 3, proc=proc, timeout=120)
+        # a stalled rank shows in the heartbeat: its entry in `ranks` stops while the heartbeat goes on
+        os.kill(pids[2], signal.SIGSTOP)
+        time.sleep(1.5)
+        hb = read_heartbeat(out)
+        stalled = hb["ranks"]["2"]
+        assert hb["updated_at"] - stalled["updated_at"] > 1.0, hb
+        assert stalled["step"] <= hb["ranks"]["1"]["step"] and hb["ranks"]["0"]["updated_at"] > stalled["updated_at"]
         os.kill(pids[2], signal.SIGKILL)
         t0 = time.time()
         status = proc.wait(timeout=30)

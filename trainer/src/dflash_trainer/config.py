@@ -165,6 +165,9 @@ class TrainConfig:
                                help="most micro-batches of hidden states held per drafter rank (host memory)")
     hs_queue_min_ready: int = flag(30, parse=parse_int, check=at_least(0), group=TORCHRUN,
                                    help="micro-batches a drafter rank holds before its first optimizer step")
+    hs_sync_transfers: bool = flag(False, switch=True, group=TORCHRUN,
+                                   help="move hidden states inside the training loops, one transfer at a time, "
+                                        "overlapping no compute (slower; checks that the overlap changes no result)")
 
     epochs: int = flag(6, parse=parse_int, check=at_least(1), group=OPTIMIZATION,
                        help="passes over the data (the run stops at the first of --epochs, --max-steps and "

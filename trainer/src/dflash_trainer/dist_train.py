@@ -30,6 +30,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -45,13 +46,47 @@ from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
 from dflash_trainer.dist_world import World, close_world, init_world
 from dflash_trainer.drafter import DrafterConfig
 from dflash_trainer.heartbeat import Heartbeat
-from dflash_trainer.hs_queue import HiddenStateQueue
+from dflash_trainer.hs_queue import HiddenStateQueue, batch_tap_bytes, check_host_memory, mem_available
 from dflash_trainer.hs_transport import Item, Receiver, Sender
 from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.telemetry import JsonlWriter
 
 STOP_REQUESTED, STOP_AT, PROGRESS, ERROR = "dflash/stop_requested", "dflash/stop_at", "dflash/progress", "dflash/error"
+RANK_PROGRESS = "dflash/rank/"  # + rank: that rank's last RankProgress row
+
+
+class RankProgress:
+    """This rank's counters (cumulative): the last step it worked on, items (micro-batches) sent or trained,
+    tokens, and seconds per phase. Every update goes to the job's store, where rank 0 reads every rank's for the
+    heartbeat's `ranks` (a stalled rank's step and time stay behind); a row goes to <run-dir>/profile.jsonl every
+    DFLASH_PROFILE_INTERVAL seconds (0: every update) and at the end. Rows carry "rank" and "role" (one file for
+    the whole job; benchmarks/pipeline.py reads its stage timings from it)."""
+
+    def __init__(self, world: World, cfg: TrainConfig):
+        self.world, self.interval_s = world, cfg.profile_interval
+        self.writer = JsonlWriter(os.path.join(cfg.run_dir, "profile.jsonl"))
+        self.row = {"rank": world.rank, "role": world.role, "step": 0, "items": 0, "tokens": 0, "seconds": {}}
+        self._lock = threading.Lock()
+        self._last_write = 0.0
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.row["seconds"][name] = round(self.row["seconds"].get(name, 0.0) + seconds, 6)
+
+    def update(self, force: bool = False, **fields) -> None:
+        with self._lock:
+            self.row.update(fields, time=time.time())
+            if self.world.device.type == "cuda":
+                self.row["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated(self.world.device) / 2**20)
+            payload = json.dumps(self.row)
+            if force or self.row["time"] - self._last_write >= self.interval_s:
+                self._last_write = self.row["time"]
+                self.writer.write(self.row)
+        try:
+            self.world.store.set(RANK_PROGRESS + str(self.world.rank), payload)
+        except Exception:  # noqa: BLE001 - the heartbeat misses one update; training goes on
+            pass
 
 
 @dataclass
@@ -147,7 +182,14 @@ def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading
     target = FrozenTarget(cfg.target_model, world.device, layer_ids, need_last_hidden=cfg.use_soft_labels)
     dist.barrier()  # every rank is loaded: the drafters' receivers start only now
     T, D, accum = world.num_target_ranks, world.num_drafter_ranks, cfg.grad_accum
-    sender = Sender(world.data_group, world.data_backend, world.device)
+    progress = RankProgress(world, cfg)
+
+    def sent(item: Item) -> None:  # the sender's thread (or the loop, with --hs-sync-transfers): transfer complete
+        progress.update(step=item.step, items=progress.row["items"] + 1,
+                        tokens=progress.row["tokens"] + int(item.lengths.sum()))
+
+    sender = Sender(world.data_group, world.data_backend, world.device, synchronous=cfg.hs_sync_transfers,
+                    on_sent=sent)
     stop_at, ended, requested, num_items, t0 = None, set(), False, 0, time.perf_counter()
     for _, slots, _ in schedule.steps():
         for slot in slots:
@@ -166,14 +208,21 @@ def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading
                 if len(ended) == D:
                     break
                 continue
+            t0 = time.perf_counter()
             batch = collate(schedule.loader.dataset, slot.indices)
+            t1 = time.perf_counter()
             taps, last = target(batch.input_ids)
+            t2 = time.perf_counter()
             sender.send(dst, Item(slot.k, slot.step, slot.micro, batch.input_ids, batch.loss_mask, batch.lengths,
                                   list(taps), last))
+            progress.add("data", t1 - t0)
+            progress.add("target", t2 - t1)  # host time: on CUDA the forward runs on while the loop goes on
+            progress.add("send", time.perf_counter() - t2)  # waiting for room to send (a full queue downstream)
             num_items += 1
         if len(ended) == D:
             break
     sender.close()
+    progress.update(force=True, done=True)
     elapsed = time.perf_counter() - t0
     log(world, f"target done: {num_items} micro-batches in {elapsed:.1f} s, {sender.bytes_sent / 2**20:.1f} MiB sent")
 
@@ -216,9 +265,15 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     hs_queue = HiddenStateQueue(cfg.hs_queue_depth, min(cfg.hs_queue_min_ready, num_mine))
     dist.barrier()
     receiver = Receiver(expected(), hs_queue, world.data_group, world.data_backend, world.device,
-                        drafter_cfg.num_taps, drafter_cfg.hidden_size).start()
-    log(world, f"waiting for {hs_queue.min_ready} of my {num_mine} micro-batches (queue depth {hs_queue.depth})")
-    hs_queue.wait_ready(hs_queue.min_ready, stop)
+                        drafter_cfg.num_taps, drafter_cfg.hidden_size, synchronous=cfg.hs_sync_transfers).start()
+    progress = RankProgress(world, cfg)
+    progress.update(step=step)
+    if cfg.hs_sync_transfers:  # no queue: each item is received when its micro-batch comes
+        log(world, f"receiving my {num_mine} micro-batches one at a time (--hs-sync-transfers)")
+    else:
+        log(world, f"waiting for {hs_queue.min_ready} of my {num_mine} micro-batches (queue depth {hs_queue.depth})")
+        hs_queue.wait_ready(hs_queue.min_ready, stop)
+    next_item = receiver.next_item if cfg.hs_sync_transfers else hs_queue.get
 
     leader = world.is_drafter_leader
     metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl")) if leader else None
@@ -256,7 +311,9 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
         loss_sum = torch.zeros((), device=world.device)
         correct, count, tokens = torch.zeros(S, device=world.device), torch.zeros(S, device=world.device), 0
         for i, slot in enumerate(my_slots):
-            item = hs_queue.get()
+            t_wait = time.perf_counter()
+            item = next_item()
+            progress.add("queue_wait", time.perf_counter() - t_wait)
             assert (item.k, item.micro) == (slot.k, slot.micro), (item.k, slot.k)
             sync = by_hand or i + 1 < len(my_slots)
             with ddp.no_sync() if sync else _nothing():
@@ -296,6 +353,9 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
         optimizer.zero_grad(set_to_none=True)
         step, data_state = s + 1, data_after
         elapsed = time.perf_counter() - t_step
+        progress.add("step", elapsed)
+        progress.update(step=step, items=progress.row["items"] + len(my_slots), tokens=progress.row["tokens"] + tokens,
+                        step_s=round(elapsed, 6), queue_depth=len(hs_queue))
         window["loss"] += loss_value
         window["tokens"] += tokens_all
         window["time"] += elapsed
@@ -334,8 +394,28 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     if last_saved != step and data_state is not None:
         checkpoint()
     receiver.join()
+    progress.update(force=True, done=True)
     log(world, f"drafter done at step {step}{' (stopped)' if stopping else ''}; queue high water "
                f"{hs_queue.high_water}/{hs_queue.depth}, waited {hs_queue.wait_s:.2f} s for hidden states")
+
+
+def check_queue_memory(cfg: TrainConfig, world: World, available: int | None = None) -> None:
+    """Before any weights load, on each drafter rank: its host's drafter queues, full, must fit the memory the
+    host has available (hs_queue.check_host_memory; StartupError, exit 2, otherwise)."""
+    with open(os.path.join(cfg.target_model, "config.json")) as f:
+        target_config = json.load(f)
+    hidden = int(target_config.get("text_config", target_config)["hidden_size"])
+    on_cuda = world.device.type == "cuda"
+    # this host's ranks: torchrun numbers them RANK - LOCAL_RANK ... + LOCAL_WORLD_SIZE - 1
+    first = world.rank - int(os.environ.get("LOCAL_RANK", "0"))
+    local = range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", str(world.world_size))))
+    drafters_here = sum(1 for r in local if r >= world.num_target_ranks)
+    K = cfg.num_target_taps + int(cfg.use_soft_labels)
+    check_host_memory(cfg.hs_queue_depth,
+                      batch_tap_bytes(cfg.token_budget, cfg.num_target_taps, hidden, cfg.use_soft_labels, on_cuda),
+                      drafters_here, mem_available() if available is None else available,
+                      f"--token-budget {cfg.token_budget} tokens x {K} layers x hidden {hidden} x "
+                      f"{2 if on_cuda else 4} bytes")
 
 
 class _nothing:
@@ -350,10 +430,25 @@ def _relay_progress(world: World, heartbeat: Heartbeat, done: threading.Event) -
     """Rank 0 writes the heartbeat; the step, loss and speed are the first drafter rank's (via the store)."""
     while not done.wait(heartbeat.interval_s):
         try:
-            if world.store.check([PROGRESS]):
-                heartbeat.update(**json.loads(world.store.get(PROGRESS)))
+            _read_progress(world, heartbeat)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the run; the next poll retries
             pass
+
+
+def _read_progress(world: World, heartbeat: Heartbeat) -> None:
+    """The first drafter's step, loss and speed, and every rank's last step: heartbeat `ranks` maps each rank to
+    {role, step, items, updated_at}, so a rank whose step and time stay behind the others' shows as stalled."""
+    if world.store.check([PROGRESS]):
+        heartbeat.update(**json.loads(world.store.get(PROGRESS)))
+    ranks = {}
+    for r in range(world.world_size):
+        key = RANK_PROGRESS + str(r)
+        if world.store.check([key]):
+            row = json.loads(world.store.get(key))
+            ranks[str(r)] = {"role": row["role"], "step": row["step"], "items": row["items"],
+                             "updated_at": row["time"], **({"done": True} if row.get("done") else {})}
+    if ranks:
+        heartbeat.update(ranks=ranks)
 
 
 def main(cfg: TrainConfig) -> int:
@@ -374,6 +469,8 @@ def main(cfg: TrainConfig) -> int:
     done = threading.Event()
     try:
         validate_paths(cfg)
+        if not world.is_target:
+            check_queue_memory(cfg, world)
         from transformers import AutoConfig
         target_config = AutoConfig.from_pretrained(cfg.target_model)
         num_target_layers = getattr(target_config, "text_config", target_config).num_hidden_layers
@@ -414,7 +511,10 @@ def main(cfg: TrainConfig) -> int:
         dist.barrier()
         status = 0
     except BaseException as e:  # noqa: BLE001 - every failure must name its rank and reach the log
-        traceback.print_exc()
+        if isinstance(e, StartupError):  # a refusal: one line, as dflash-train refuses in one process
+            print(f"dflash-train: error: rank {world.rank}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        else:
+            traceback.print_exc()
         message = " ".join(f"{type(e).__name__}: {e}".split())
         log(world, f"error: {message}")
         try:
@@ -429,8 +529,7 @@ def main(cfg: TrainConfig) -> int:
     done.set()
     if heartbeat is not None:
         heartbeat.stop()
-        if world.store.check([PROGRESS]):
-            heartbeat.update(**json.loads(world.store.get(PROGRESS)))
+        _read_progress(world, heartbeat)
         heartbeat.set_phase("finished", **({"stopped": "SIGTERM"} if stop.is_set() else {}))
     close_world(world)
     return status

@@ -16,6 +16,36 @@ import threading
 import time
 
 
+def batch_tap_bytes(token_budget: int, num_taps: int, hidden: int, soft_labels: bool, on_cuda: bool) -> int:
+    """Host bytes of one queued micro-batch: its padded tokens (at most --token-budget) x the K taps (+ the last
+    hidden state for soft labels) x hidden x 2 bytes (bf16; 4 on the CPU, where the target runs in fp32)."""
+    return token_budget * (num_taps + int(soft_labels)) * hidden * (2 if on_cuda else 4)
+
+
+def mem_available() -> int:
+    """MemAvailable of /proc/meminfo, in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no MemAvailable in /proc/meminfo")
+
+
+def check_host_memory(depth: int, batch_bytes: int, drafters_here: int, available: int, detail: str) -> None:
+    """Refuses (StartupError, one line with the numbers) when the queues of this host's drafter ranks, full,
+    would not fit its available memory: depth x batch bytes x drafter ranks on this host."""
+    from dflash_trainer.config import StartupError
+    need = depth * batch_bytes * drafters_here
+    if need <= available:
+        return
+    fits = available // (batch_bytes * drafters_here)
+    raise StartupError(
+        f"the hidden-state queues need {need / 1e9:.1f} GB of pinned host memory: --hs-queue-depth {depth} x "
+        f"{batch_bytes / 1e9:.2f} GB per micro-batch ({detail}) x {drafters_here} drafter rank(s) on this host, "
+        f"but {available / 1e9:.1f} GB is available; lower --hs-queue-depth to {fits} or less (and "
+        f"--hs-queue-min-ready with it) or --token-budget, or free memory")
+
+
 class QueueClosed(RuntimeError):
     """No more items will come (the receiver finished or failed)."""
 

@@ -11,6 +11,8 @@ host memory on its own stream and synchronizes that stream before the queue sees
 stream while another may free it); host-staged over gloo on the CPU and where two ranks share a GPU (NCCL refuses
 that). Headers and meta always go over gloo. Both ends walk the same deterministic schedule (dist_train.Schedule),
 so every recv names its source and the messages of one (target, drafter) pair arrive in the order they were sent.
+--hs-sync-transfers turns the overlap off (to check that overlapping changes no result): each transfer then runs
+in the training loop itself, on its stream, between two forwards or two steps.
 
 Legend: B sequences, T padded length, H hidden, K taps.
 """
@@ -55,35 +57,56 @@ class Sender:
     """Target side: a thread that sends items in the order given, at most `depth` waiting, so the target's next
     forward overlaps the transfer of the last one's taps."""
 
-    def __init__(self, group, backend: str, device: torch.device, depth: int = 2):
+    def __init__(self, group, backend: str, device: torch.device, depth: int = 2, synchronous: bool = False,
+                 on_sent=None):
         self.group, self.backend, self.device = group, backend, device
+        self.synchronous = synchronous  # --hs-sync-transfers: send in the caller, one item at a time, no thread
+        self.on_sent = on_sent          # called with each item once its transfer is complete
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self.bytes_sent = 0
-        self._thread = threading.Thread(target=self._loop, name="hs-sender", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if not synchronous:
+            self._thread = threading.Thread(target=self._loop, name="hs-sender", daemon=True)
+            self._thread.start()
 
     def send(self, dst: int, item: Item) -> None:
         self._check()
         event = None
         if self.backend == "nccl":
-            event = torch.cuda.Event()
-            event.record()  # the taps are complete once the current (compute) stream reaches this point
+            if not self.synchronous:
+                event = torch.cuda.Event()
+                event.record()  # the taps are complete once the current (compute) stream reaches this point
         else:
             # host-staged: one copy to the host here; on the CPU the taps already are host tensors
             item.taps = [t.to("cpu") for t in item.taps]
             item.last = item.last.to("cpu") if item.last is not None else None
+        if self.synchronous:  # on the compute stream, complete before the next forward starts
+            self._send_item(dst, item)
+            if self.backend == "nccl":
+                torch.cuda.current_stream(self.device).synchronize()
+            self._sent(item)
+            return
         self._put((dst, item, event))
 
     def send_end(self, dst: int) -> None:
         self._check()
+        if self.synchronous:
+            dist.send(_header(KIND_END), dst, group=self.group)
+            return
         self._put((dst, None, None))
 
     def close(self) -> None:
         """Waits until everything queued is sent."""
-        self._put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._put(None)
+            self._thread.join()
         self._check()
+
+    def _sent(self, item: Item) -> None:
+        self.bytes_sent += item.num_bytes
+        if self.on_sent is not None:
+            self.on_sent(item)
 
     def _put(self, entry) -> None:
         while True:
@@ -115,7 +138,7 @@ class Sender:
                         stream.synchronize()  # bounds GPU memory: this item's taps are free after this
                 else:
                     self._send_item(dst, item)
-                self.bytes_sent += item.num_bytes
+                self._sent(item)
         except BaseException as e:  # noqa: BLE001 - reported to the loop by _check
             self._error = e
             while True:  # unblock a loop waiting on a full queue
@@ -139,39 +162,63 @@ class Sender:
 class Receiver:
     """Drafter side: a thread that receives this drafter's items in schedule order into the bounded queue.
 
-    `expected` yields (k, step, micro, src) for every item meant for this drafter rank, in order."""
+    `expected` yields (k, step, micro, src) for every item meant for this drafter rank, in order. With
+    `synchronous` (--hs-sync-transfers) there is no thread: the training loop calls next_item() when it needs
+    an item, and the transfer runs on the loop's own stream, nothing overlapping it."""
 
-    def __init__(self, expected, hs_queue, group, backend: str, device: torch.device, num_taps: int, hidden: int):
+    def __init__(self, expected, hs_queue, group, backend: str, device: torch.device, num_taps: int, hidden: int,
+                 synchronous: bool = False):
         self.expected, self.hs_queue, self.group, self.backend = expected, hs_queue, group, backend
         self.device, self.num_taps, self.hidden = device, num_taps, hidden
+        self.synchronous = synchronous
         self.ended: set[int] = set()
         self.bytes_received = 0
+        self._items = None
         self._thread = threading.Thread(target=self._loop, name="hs-receiver", daemon=True)
 
     def start(self) -> "Receiver":
-        self._thread.start()
+        if self.synchronous:
+            self._items = self._receive_all(reserve=False)
+        else:
+            self._thread.start()
         return self
 
     def join(self, timeout: float | None = None) -> None:
+        if self.synchronous:  # what the targets still send (items of a stopped run, END markers): received, dropped
+            for _ in self._items:
+                pass
+            return
         self._thread.join(timeout)
+
+    def next_item(self) -> Item:
+        """The next item, received now (synchronous mode)."""
+        from dflash_trainer.hs_queue import QueueClosed
+        try:
+            return next(self._items)
+        except StopIteration:
+            raise QueueClosed("no more hidden states: every target rank has ended") from None
+
+    def _receive_all(self, reserve: bool):
+        stream = torch.cuda.Stream(self.device) if self.backend == "nccl" and not self.synchronous else None
+        for k, step, micro, src in self.expected:
+            if src in self.ended:
+                continue
+            keep = self.hs_queue.reserve() if reserve else True  # a full queue holds the target back
+            item = self._recv(src, stream)
+            if item is None:
+                self.ended.add(src)
+                if reserve and keep:
+                    self.hs_queue.release()
+                continue
+            if (item.k, item.step, item.micro) != (k, step, micro):
+                raise RuntimeError(f"rank {src} sent item k={item.k} step={item.step} micro={item.micro}, "
+                                   f"expected k={k} step={step} micro={micro}: the ranks' schedules differ")
+            yield item
 
     def _loop(self) -> None:
         error = None
         try:
-            stream = torch.cuda.Stream(self.device) if self.backend == "nccl" else None
-            for k, step, micro, src in self.expected:
-                if src in self.ended:
-                    continue
-                keep = self.hs_queue.reserve()  # before the transfer: a full queue holds the target back
-                item = self._recv(src, stream)
-                if item is None:
-                    self.ended.add(src)
-                    if keep:
-                        self.hs_queue.release()
-                    continue
-                if (item.k, item.step, item.micro) != (k, step, micro):
-                    raise RuntimeError(f"rank {src} sent item k={item.k} step={item.step} micro={item.micro}, "
-                                       f"expected k={k} step={step} micro={micro}: the ranks' schedules differ")
+            for item in self._receive_all(reserve=True):
                 self.hs_queue.put(item)
         except BaseException as e:  # noqa: BLE001 - handed to the training loop through the queue
             error = e
@@ -188,10 +235,15 @@ class Receiver:
         shape, dtype = (B, T, self.hidden), DTYPES[dtype]
         num = self.num_taps + int(has_last)
         pin = self.device.type == "cuda"
-        if stream is None:  # host-staged: straight into (pinned) host memory
+        if self.backend != "nccl":  # host-staged: straight into (pinned) host memory
             tensors = [torch.empty(shape, dtype=dtype, pin_memory=pin) for _ in range(num)]
             for t in tensors:
                 dist.recv(t, src, group=self.group)
+        elif stream is None:  # synchronous: on the loop's stream, left on the GPU for the step that follows
+            tensors = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(num)]
+            for t in tensors:
+                dist.recv(t, src, group=self.group)
+            torch.cuda.current_stream(self.device).synchronize()
         else:
             with torch.cuda.stream(stream):
                 on_gpu = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(num)]
