@@ -98,15 +98,14 @@ def _playbook(installed, tmp_path, playbook, *extra):
 
 def test_status_playbook_runs_from_the_installed_collection(installed, tmp_path):
     proc = _playbook(installed, tmp_path, "training_status.yml")
-    assert "run demo: never launched" in proc.stdout, proc.stdout[-2000:]
+    assert "run demo: not running (never launched)" in proc.stdout, proc.stdout[-2000:]
     assert "failed=0" in proc.stdout
 
 
 def test_check_mode_restart_from_the_installed_collection_launches_nothing(installed, tmp_path):
     proc = _playbook(installed, tmp_path, "restart_training.yml", "--check")
-    assert "failed=0" in proc.stdout and "run demo: launched" in proc.stdout, proc.stdout[-2000:]
-    run_dir = tmp_path / "runs" / "demo"
-    assert not (run_dir / "pid").exists() and not (run_dir / "launch.json").exists()
+    assert "failed=0" in proc.stdout and "run demo: would launch (check mode" in proc.stdout, proc.stdout[-2000:]
+    assert not (tmp_path / "runs").exists()  # check mode creates nothing: no runs root, no lock file
     assert not (tmp_path / "demo").exists()
     assert live_pids_with(str(tmp_path)) == []
 
