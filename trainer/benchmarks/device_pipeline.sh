@@ -31,7 +31,7 @@ echo "=== pipeline benchmark (h200-27b)"
 left=$((470 - (SECONDS - START)))
 mode=()
 [ -n "${MODE:-}" ] && mode=(--mode "$MODE")
-timeout "$left" python3 trainer/benchmarks/pipeline.py --preset h200-27b "${mode[@]}" --timeout $((left - 90)) \
+timeout "$left" python3 trainer/benchmarks/pipeline.py --preset h200-27b ${mode[@]+"${mode[@]}"} --timeout $((left - 90)) \
     --work-dir /tmp/dflash-pipeline --out "$OUT/pipeline.json" "$@" 2>&1 \
     | grep --line-buffered -v -E "Loading weights|Writing model" | tee "$OUT/pipeline.log"
 status=${PIPESTATUS[0]}

@@ -348,8 +348,12 @@ def main(argv=None) -> int:
     if mode == "auto":
         mode = "cpu" if args.preset == "cpu-tiny" or not torch.cuda.is_available() else \
             "nccl" if torch.cuda.device_count() >= 2 else "shared"
-    if mode != "cpu" and not torch.cuda.is_available():
-        print(f"pipeline.py: error: --mode {mode} needs CUDA; use --preset cpu-tiny", file=sys.stderr)
+    if (mode != "cpu" or args.preset != "cpu-tiny") and not torch.cuda.is_available():
+        print(f"pipeline.py: error: --preset {args.preset} --mode {mode} needs CUDA; use --preset cpu-tiny",
+              file=sys.stderr)
+        return 2
+    if mode == "cpu" and args.preset != "cpu-tiny":
+        print(f"pipeline.py: error: --mode cpu takes --preset cpu-tiny, not {args.preset}", file=sys.stderr)
         return 2
     if mode == "nccl" and torch.cuda.device_count() < 2:
         print("pipeline.py: error: --mode nccl needs 2 GPUs; use --mode shared", file=sys.stderr)
