@@ -160,13 +160,19 @@ def test_verify_full_finds_a_corrupted_byte_and_copies_only_that_file(tmp_path, 
     assert staged_files(str(tmp_path / "shm" / "M")) == source_files(model)
 
 
-def test_kill_mid_copy_keeps_the_previous_copy_served_and_the_next_run_cleans_up(tmp_path, model):
+def staged_then_grown(tmp_path, model, mb):
+    """Stage the model, then make its last shard a sparse file of mb MiB: quick to make, slow enough to copy that
+    a test catches the next staging mid-way. Returns (first result, dest, the staged files before)."""
     first = stage(tmp_path)
     dest = str(tmp_path / "shm" / "M")
     before = staged_files(dest)
-    big = model / "model-00002-of-00002.safetensors"
-    with open(str(big), "wb") as f:
-        f.truncate(768 * MB)  # sparse: quick to make, slow enough to copy that we catch it mid-way
+    with open(str(model / "model-00002-of-00002.safetensors"), "wb") as f:
+        f.truncate(mb * MB)
+    return first, dest, before
+
+
+def test_kill_mid_copy_keeps_the_previous_copy_served_and_the_next_run_cleans_up(tmp_path, model):
+    first, dest, before = staged_then_grown(tmp_path, model, 768)
     code = ("import json,sys; sys.path.insert(0, %r)\n"
             "from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import weights_stage\n"
             "weights_stage.main(json.loads(sys.argv[1]))" % COLLECTIONS)
@@ -226,12 +232,8 @@ class Module(object):
 
 
 def test_source_truncated_mid_copy_fails_with_its_cause_and_replaces_nothing(tmp_path, model):
-    first = stage(tmp_path)
-    dest = str(tmp_path / "shm" / "M")
-    before = staged_files(dest)
+    first, dest, before = staged_then_grown(tmp_path, model, 1536)
     big = model / "model-00002-of-00002.safetensors"
-    with open(str(big), "wb") as f:
-        f.truncate(1536 * MB)  # sparse: quick to make, slow enough to copy that we catch it mid-way
     params = weights_backend.argument_spec().defaults()
     params.update(source=str(model), dest=dest, transport="local", runs_root=str(tmp_path / "runs"), threads=1,
                   python=sys.executable)
