@@ -72,19 +72,11 @@ def check_memory(p, shm_gib, conf_text):
     that sizes /dev/shm is written. conf_text None: no config yet (proxmox_lxc checks the memory it creates with)."""
     if not shm_gib or (conf_text is None and p["memory"] is None):
         return
-    current = [int(m.group(1)) for m in (MEMORY_LINE.match(line) for line in main_section(conf_text)) if m]
-    mem = p["memory"] if p["memory"] is not None else (current[-1] if current else memory.DEFAULT_MEMORY)
+    mem = p["memory"]
+    if mem is None:
+        found = [int(m.group(1)) for m in (MEMORY_LINE.match(line) for line in raw_lines.split_main(conf_text)[0]) if m]
+        mem = found[-1] if found else memory.DEFAULT_MEMORY
     memory.check_memory(mem, shm_gib, p["trainer_memory_gib"])
-
-
-def main_section(text):
-    """The lines before the first [snapshot] section."""
-    lines = []
-    for line in (text or "").splitlines():
-        if line.startswith("["):
-            break
-        lines.append(line)
-    return lines
 
 
 def wanted_lines(p, proc_devices_text, shm_gib=None):

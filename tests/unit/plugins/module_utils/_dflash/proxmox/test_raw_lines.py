@@ -187,3 +187,6 @@ def test_absent_ok_before_the_container_exists(pve, dev):
     r = rb.ensure_raw_config(mod(pve, vmid=300, gpus=[0], dev_dir=str(dev), weights_gib=50, absent_ok=True))
     assert not r["changed"] and not r["exists"] and "/dev/nvidia0" in r["host_devices"]
     assert not (pve / "lxc" / "300.conf").exists()
+    with pytest.raises(ModuleFailure, match="^memory 1024 MiB < /dev/shm 55 GiB"):  # given memory: checked already
+        rb.ensure_raw_config(mod(pve, vmid=300, weights_gib=50, memory=1024, absent_ok=True))
+    assert not rb.ensure_raw_config(mod(pve, vmid=300, weights_gib=50, memory=65536, absent_ok=True))["exists"]
