@@ -1,8 +1,10 @@
 """The Proxmox API stand-in (tests/harness/pve_api) against PROXMOX.md's statements, one by one, through plain
 `requests` and through proxmoxer; its containers are real (memory limit, char device, /dev/shm size, pct exec)."""
 import hashlib
+import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -272,3 +274,32 @@ def test_task_failure_and_stop_destroys(pve_api, tmp_path):
         stop_pve_api(tmp_path / "old")
     res = stop_pve_api(Path(pve_api["pve_dir"]))
     assert res["destroyed"] == [vmid] and not lxc.exists(str(vmid))
+
+
+def test_a_killed_servers_container_is_reclaimed_by_the_next(containers_ok, tmp_path):
+    """A run killed mid-test (machine restart, SIGKILL) leaves its CT behind with no server to destroy it: the next
+    server's create of that vmid reclaims it instead of refusing 'already exists' forever; a live server's CT is
+    never taken."""
+    vmid = 396
+    first = start_pve_api(tmp_path / "first")
+    second = None
+    try:
+        assert wait_task(root(first), "pve1", root(first).nodes("pve1").lxc.post(
+            vmid=vmid, ostemplate=TEMPLATE, rootfs="local-lvm:2", memory=128))["exitstatus"] == "OK"
+        second = start_pve_api(tmp_path / "second")
+        refused(lambda: root(second).nodes("pve1").lxc.post(vmid=vmid, ostemplate=TEMPLATE, rootfs="local-lvm:2"),
+                500, f"CT {vmid} already exists on node 'pve1'")  # its owner is alive
+        os.kill(first["pid"], 9)
+        for _ in range(100):
+            if not Path(f"/proc/{first['pid']}").exists():
+                break
+            time.sleep(0.05)
+        assert wait_task(root(second), "pve1", root(second).nodes("pve1").lxc.post(
+            vmid=vmid, ostemplate=TEMPLATE, rootfs="local-lvm:2", memory=128))["exitstatus"] == "OK"
+        marker = json.loads((lxc.LXC_PATH / str(vmid) / "pve_api.json").read_text())
+        assert marker["conf"] == str(Path(second["pve_dir"]) / "nodes/pve1/lxc" / f"{vmid}.conf")
+    finally:
+        if second:
+            assert stop_pve_api(tmp_path / "second")["destroyed"] == [vmid]
+        stop_pve_api(tmp_path / "first")  # its pid is gone; it removes its own PVE file and leaves the CT alone
+    assert not lxc.exists(str(vmid))

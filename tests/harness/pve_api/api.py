@@ -64,6 +64,8 @@ def has_devn(ctx: Context) -> bool:
 def taken(ctx: Context, vmid: int) -> str | None:
     if vmid in ctx.vms:
         return f"VM {vmid} already exists on node '{ctx.node}'"
+    if not ctx.backend.has_conf(vmid):
+        ctx.backend.reclaim_orphan(vmid)
     if ctx.backend.has_conf(vmid) or ctx.backend.foreign(vmid):
         return f"CT {vmid} already exists on node '{ctx.node}'"
     return None

@@ -71,6 +71,24 @@ class Backend:
         except (OSError, ValueError, KeyError):
             return True
 
+    def reclaim_orphan(self, vmid: int) -> bool:
+        """Destroy CT `vmid` when a stand-in server that is gone (killed run, machine restart) left it behind, so a
+        later run's create of the same vmid is not refused; a live server's container or one without our marker is
+        never touched. True when one was destroyed."""
+        d = lxc.LXC_PATH / str(vmid)
+        try:
+            meta = json.loads((d / pveconf.MARKER).read_text())
+        except (OSError, ValueError):
+            return False
+        owner = meta.get("owner")
+        if not isinstance(owner, dict) or process_start(owner.get("pid")) == owner.get("start"):
+            return False
+        lxc.run("lxc-stop", "-n", str(vmid), "--kill", check=False, timeout=60)
+        lxc.run("lxc-destroy", "-f", "-n", str(vmid), check=False, timeout=300)
+        if meta.get("images"):
+            shutil.rmtree(meta["images"], ignore_errors=True)
+        return not d.exists()
+
     # --- LXC ---------------------------------------------------------------------------------------------------
     def clone(self, vmid: int) -> None:
         name = str(vmid)
@@ -79,8 +97,9 @@ class Backend:
         lxc.run("lxc-copy", "-n", self.golden, "-N", name, "-s", "-B", "overlayfs", timeout=300)
         d = lxc.LXC_PATH / name
         shutil.copy2(d / "config", d / "config.base")
+        owner = {"pid": os.getpid(), "start": process_start(os.getpid())}  # the server; reclaim_orphan reads it
         (d / pveconf.MARKER).write_text(json.dumps({"conf": str(self.conf_path(vmid)), "dev_root": str(self.dev_root),
-                                                    "images": str(self.images / name)}))
+                                                    "images": str(self.images / name), "owner": owner}))
 
     def state(self, vmid: int) -> str:
         st = lxc.state(str(vmid))
@@ -114,11 +133,11 @@ class Backend:
             self.stop(vmid)
 
     def destroy(self, vmid: int) -> None:
-        if self.running(vmid):
-            lxc.run("lxc-stop", "-n", str(vmid), "--kill", check=False)
         d = lxc.LXC_PATH / str(vmid)
-        if d.exists() and not self.foreign(vmid):
-            lxc.run("lxc-destroy", "-f", "-n", str(vmid), check=False, timeout=120)
+        if d.exists() and not self.foreign(vmid):  # another server may hold the vmid now (reclaim_orphan)
+            if self.running(vmid):
+                lxc.run("lxc-stop", "-n", str(vmid), "--kill", check=False)
+            lxc.run("lxc-destroy", "-f", "-n", str(vmid), check=False, timeout=300)
         shutil.rmtree(self.images / str(vmid), ignore_errors=True)
         self.conf_path(vmid).unlink(missing_ok=True)
 
@@ -145,15 +164,22 @@ class Backend:
         pid = lxc.init_pid(str(vmid))
         if not pid:
             return 0
-        try:
-            start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-            boot_up = float(Path("/proc/uptime").read_text().split()[0])
-            return max(0, int(boot_up - start_ticks / os.sysconf("SC_CLK_TCK")))
-        except (OSError, ValueError, IndexError):
+        start_ticks = process_start(pid)
+        if start_ticks is None:
             return 0
+        boot_up = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0, int(boot_up - start_ticks / os.sysconf("SC_CLK_TCK")))
 
     def init_pid(self, vmid: int) -> int | None:
         return lxc.init_pid(str(vmid))
+
+
+def process_start(pid) -> int | None:
+    """Start time (clock ticks since boot) of process `pid`: with the pid it names one process, never a reused pid."""
+    try:
+        return int(Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError, TypeError):
+        return None
 
 
 def make_stand_in_devices(dev_root: Path, gpus: int) -> list[str]:
