@@ -69,6 +69,23 @@ options:
       and null are left out, a list is comma-joined.
     type: dict
     default: {}
+  nproc_per_node:
+    description:
+      - V(1) launches O(command) as one process. More makes the run a torchrun job of that many ranks on this host
+        (C(<python> -m torch.distributed.run --standalone --nproc-per-node=N --shutdown-timeout=S <command>
+        <trainer flags>), with the python beside O(command) or O(command)'s own interpreter); its elastic agent is the
+        process launched and recorded in C(pid).
+      - torchrun starts every rank in a session of its own, so each rank records its pid in C(<run dir>/ranks/) (the
+        trainer's C(--run-dir), else the run directory), and the lifecycle stops the job itself - SIGTERM to every
+        rank (drafter ranks checkpoint), then the agent, SIGKILL to all at O(stop_timeout) - never relying on
+        torchrun's own C(--shutdown-timeout) (set to O(stop_timeout) all the same). A pid counts as a rank only while
+        C(/proc) shows it leads its process group with the run's C(DFLASH_RUN_DIR) and its C(RANK).
+      - Alive means the agent and every rank that registered are alive. C(launch.json)'s C(job) records the process
+        count, the ranks' directory and the world layout (from C(target_gpus)/C(drafter_gpus), or C(target_ranks) on
+        the CPU, in O(trainer_args); a GPU count other than O(nproc_per_node) is refused before anything is stopped).
+      - One host only (C(--standalone)); several hosts are not managed by this module.
+    type: int
+    default: 1
   env:
     description: Environment of the trainer (nothing else from the caller's environment is passed).
     type: dict
@@ -159,6 +176,8 @@ notes:
   - Inside a container NVML lists no processes, so GPU release is judged by used memory there. Without NVML (no
     driver, CPU runs) the result's C(gpu_wait.skipped) is true and C(gpu_wait.reason) says why.
   - Changing only a secret value does not change the fingerprint; use O(force=true) to apply it.
+  - For a torchrun job (O(nproc_per_node) > 1) the fingerprint covers torchrun's command line, which holds
+    O(stop_timeout) as C(--shutdown-timeout): changing O(stop_timeout) restarts such a run.
 """
 
 EXAMPLES = r"""
@@ -172,6 +191,17 @@ EXAMPLES = r"""
     secret_env: {WANDB_API_KEY: "{{ vault_wandb_key }}"}
     gpus: [0, 1, 2, 3, 4, 5, 6, 7]
     wait_for_phase: training
+
+- name: Restart it as a torchrun job on one host - 5 target ranks and 3 drafter ranks, one GPU each
+  dflash.ops.training_run:
+    name: slammed5
+    vmid: 200
+    command: [/opt/dflash/venv/bin/dflash-train]
+    nproc_per_node: 8
+    trainer_args: {target_model: /dev/shm/Qwen3.6-27B, target_gpus: [0, 1, 2, 3, 4], drafter_gpus: [5, 6, 7],
+                   run_dir: /workspace/runs/slammed5}
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+    stop_timeout: 600
 
 - name: Stop it
   dflash.ops.training_run:
@@ -205,7 +235,8 @@ action:
   type: str
   sample: launched
 pid:
-  description: The run's process (group leader) id; null when no process of the run is alive.
+  description: The run's process (group leader; a torchrun job's agent) id; null when no process of the run is
+    alive.
   returned: state is status or stopped, when launched (not in check mode), or when a live run is kept
   type: int
   sample: 4242
@@ -276,8 +307,22 @@ log_tail:
   type: list
   elements: str
   sample: ["Traceback (most recent call last):", "ValueError: --block-size must be >= 2"]
+ranks:
+  description: The ranks of a torchrun job that registered (C(ranks/<rank>.pid)), each with its pid, whether it is
+    alive, and its role and GPU where the layout is known; empty for one process.
+  returned: state is status, or when a torchrun job was launched (not in check mode)
+  type: list
+  elements: dict
+  sample: [{rank: 0, pid: 4250, alive: true, role: target, gpu: 0}, {rank: 1, pid: 4251, alive: true, role: drafter, gpu: 1}]
+world:
+  description: The torchrun job's record from C(launch.json) (null for one process) - C(nproc_per_node), C(ranks_dir),
+    C(layout) (null when the trainer flags do not say it), C(shutdown_timeout_s).
+  returned: state is status, or when launched (not in check mode)
+  type: dict
+  sample: {launcher: torchrun, nproc_per_node: 2, ranks_dir: /workspace/runs/r1/ranks, shutdown_timeout_s: 600,
+           layout: [{rank: 0, role: target, gpu: 0}, {rank: 1, role: drafter, gpu: 1}]}
 alive:
-  description: Whether the run's process is alive.
+  description: Whether the run's process is alive (for a torchrun job, the agent and every rank that registered).
   returned: state is status
   type: bool
   sample: true

@@ -51,6 +51,17 @@ def cmdline(pid):
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else []
 
 
+def environ(pid):
+    """{name: value} of pid's environment as it was started, or None when it cannot be read (gone, not ours)."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    pairs = (item.decode("utf-8", "replace").partition("=") for item in raw.split(b"\0") if item)
+    return dict((name, value) for name, _eq, value in pairs)
+
+
 def cmdline_matches(actual, launched):
     """Does a /proc cmdline belong to the argv we launched?
 

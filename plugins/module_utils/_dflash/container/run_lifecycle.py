@@ -21,6 +21,7 @@ import time
 from .entry import answer
 from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
+from .job_ranks import clear_rank_files, rank_states, stop_job
 from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
 from .run_name import validate_run_name
 from .run_paths import check_not_system_dir, check_reserved_env
@@ -167,11 +168,27 @@ def live_run(run_dir):
     return pid, launch
 
 
+def run_processes(run_dir):
+    """(pid, launch, ranks, any_left): the launched process when alive and ours (a torchrun job's agent), the
+    job's registered ranks ([] for one process), and whether anything of the run is left to stop (an agent, or
+    ranks that outlived it)."""
+    pid, launch_info = live_run(run_dir)
+    ranks = rank_states(run_dir, launch_info)
+    return pid, launch_info, ranks, pid is not None or any(r["alive"] for r in ranks)
+
+
+def is_healthy(pid, ranks):
+    """Alive as a run: the launched process, and every rank of a torchrun job that registered (a rank that died
+    makes the job not alive; torchrun is ending it)."""
+    return pid is not None and all(r["alive"] for r in ranks)
+
+
 def conflicting_runs(req):
-    """Live runs that must stop before req launches: the run itself, and any run sharing a GPU."""
+    """Runs with processes left that must stop before req launches: the run itself, and any run sharing a GPU.
+    Entries are (name, pid); pid is None where only ranks are left (their agent died)."""
     found = []
-    own_pid, own_launch = live_run(req["run_dir"])
-    if own_pid:
+    own_pid, own_launch, _ranks, own_left = run_processes(req["run_dir"])
+    if own_left:
         found.append((req["run"], own_pid))
     gpus = set(req.get("gpus") or [])
     root = req["runs_root"]
@@ -183,8 +200,8 @@ def conflicting_runs(req):
         run_dir = os.path.join(root, name)
         if os.path.realpath(run_dir) == os.path.realpath(req["run_dir"]):
             continue
-        pid, launch = live_run(run_dir)
-        if pid and gpus.intersection(launch.get("gpus") or []):
+        pid, launch, _ranks, left = run_processes(run_dir)
+        if left and gpus.intersection(launch.get("gpus") or []):
             found.append((name, pid))
     return found, own_pid, own_launch
 
@@ -283,12 +300,16 @@ def launch(req, now):
         "secret_env_names": sorted((req.get("secret_env") or {}).keys()), "gpus": req.get("gpus") or [],
         "cwd": req.get("cwd"), "fingerprint": req["fingerprint"], "launched_at": now, "log": LOG_NAME,
         "checkpoints": checkpoints_dir(req["argv"], run_dir),
+        # torchrun: world layout and where the ranks register; run_dir = the DFLASH_RUN_DIR every rank inherits
+        "job": dict(req["job"], run_dir=run_dir) if req.get("job") else None,
     }
     env = {"PATH": LAUNCH_PATH}
     env.update(dict((k, str(v)) for k, v in (req.get("env") or {}).items()))
     env.update(dict((k, str(v)) for k, v in (req.get("secret_env") or {}).items()))
     env.update(DFLASH_RUN_DIR=run_dir, DFLASH_RUN_NAME=req["run"])
     log_path = os.path.join(run_dir, LOG_NAME)
+    if public["job"]:
+        clear_rank_files(public["job"]["ranks_dir"])  # the previous job is stopped: its leftover files say nothing
     try:
         _write_json_atomic(os.path.join(run_dir, "launch.json"), public)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
@@ -358,7 +379,13 @@ def verify(req, proc, timings):
             if not cmdline_matches(cmdline(proc.pid), req["argv"]):
                 raise LifecycleError("pid %d does not run the launched command (%s)" % (
                     proc.pid, " ".join(cmdline(proc.pid) or [])), pid=proc.pid)
-            if not want or hb.get("phase") in (want, "finished"):
+            ranks_up = _job_ranks_up(req, proc, log_path) if req.get("job") else True
+            if ranks_up is None and elapsed >= req["settle_time"] + req["heartbeat_timeout"]:
+                raise LifecycleError("the torchrun agent (pid %d) is alive but not all %d ranks wrote their pid file "
+                                     "within %ss; see log_tail" % (proc.pid, req["job"]["nproc_per_node"],
+                                                                   req["heartbeat_timeout"]),
+                                     pid=proc.pid, log_tail=log_tail(log_path, req["log_tail_lines"]))
+            if ranks_up is not None and (not want or hb.get("phase") in (want, "finished")):
                 return hb
             if elapsed >= req["settle_time"] + req["phase_timeout"]:
                 raise LifecycleError("the trainer is alive but did not reach phase %s within %ss (phase %s); "
@@ -372,6 +399,17 @@ def verify(req, proc, timings):
         time.sleep(POLL_S)
 
 
+def _job_ranks_up(req, proc, log_path):
+    """The torchrun job's ranks once all of them registered, alive; None while some have not registered yet."""
+    ranks = rank_states(req["run_dir"], _read_json(os.path.join(req["run_dir"], "launch.json")))
+    dead = [r for r in ranks if not r["alive"]]
+    if dead:
+        raise LifecycleError("rank %d (pid %d) of the torchrun job died right after launch; see log_tail"
+                             % (dead[0]["rank"], dead[0]["pid"]), pid=proc.pid, ranks=ranks,
+                             log_tail=log_tail(log_path, req["log_tail_lines"]))
+    return ranks if len(ranks) >= req["job"]["nproc_per_node"] else None
+
+
 def _wait_exit(proc, timeout):
     try:
         return proc.wait(timeout)
@@ -379,24 +417,39 @@ def _wait_exit(proc, timeout):
         return None
 
 
+def job_state(pid, ranks):
+    """The phrase for a torchrun job that is not whole (an agent without some rank, ranks without their agent),
+    else None."""
+    dead = ["%d (pid %d)" % (r["rank"], r["pid"]) for r in ranks if not r["alive"]]
+    left = ["%d (pid %d)" % (r["rank"], r["pid"]) for r in ranks if r["alive"]]
+    if pid is not None and dead:
+        return ("failing (rank %s gone while the torchrun agent, pid %d, lives: torchrun is ending the job; "
+                "restart the run if it stays)" % (", ".join(dead), pid))
+    if pid is None and left:
+        return "not running (the torchrun agent is gone but rank %s is left: stop the run to end it)" % ", ".join(left)
+    return None
+
+
 def status(req):
     run_dir = req["run_dir"]
-    pid, launch_info = live_run(run_dir)
+    pid, launch_info, ranks, _left = run_processes(run_dir)
+    healthy = is_healthy(pid, ranks)
     hb = own_heartbeat(run_dir)
     now = time.time()
-    out = {"run": req["run"], "run_dir": run_dir, "alive": pid is not None, "pid": pid,
+    out = {"run": req["run"], "run_dir": run_dir, "alive": healthy, "pid": pid,
            "launched": launch_info is not None, "fingerprint": (launch_info or {}).get("fingerprint"),
            "launched_at": (launch_info or {}).get("launched_at"), "heartbeat": hb,
-           "state": run_state(run_dir, pid, launch_info)}
+           "state": job_state(pid, ranks) or run_state(run_dir, pid, launch_info),
+           "ranks": ranks, "world": (launch_info or {}).get("job")}
     if hb:
         out["heartbeat_age_s"] = round(now - float(hb.get("updated_at", 0)), 1)
         for key in ("phase", "step", "epoch", "loss", "tokens_per_s"):
             out[key] = hb.get(key)
-        if pid is None and hb.get("phase") not in ("finished", "failed"):
+        if not healthy and hb.get("phase") not in ("finished", "failed"):
             out["phase"] = "dead"
             out["dead_since"] = hb.get("updated_at")
     elif launch_info is not None:
-        out["phase"] = "loading" if pid else "dead"
+        out["phase"] = "loading" if healthy else "dead"
     else:
         out["phase"] = "never launched"
     out["gpu_memory"] = None
@@ -420,14 +473,24 @@ def _timed(timings, name, fn, *args):
         timings[name] = round(time.monotonic() - t0, 3)
 
 
+def stop_run(run_dir, pid, timeout):
+    """Stop what is left of a run: its process group, or for a torchrun job every rank and then the agent."""
+    launch_info = _read_json(os.path.join(run_dir, "launch.json"))
+    if (launch_info or {}).get("job"):
+        return stop_job(pid, run_dir, launch_info, timeout)
+    return stop_group(pid, timeout)
+
+
 def _stop_all(req, runs):
     stopped = []
     for name, pid in runs:
-        info = stop_group(pid, req["stop_timeout"])
+        run_dir = _run_dir_of(req, name)
+        info = stop_run(run_dir, pid, req["stop_timeout"])
+        pid = pid if pid is not None else _read_pid(run_dir)  # the agent's pid, also when it died before
         info.update(run=name, pid=pid)
         stopped.append(info)
-        _record(os.path.join(req["runs_root"], name) if name != req["run"] else req["run_dir"], STOP_RECORD,
-                {"pid": pid, "signal": info["signal"], "waited_s": info["waited_s"], "at": time.time()})
+        _record(run_dir, STOP_RECORD, {"pid": pid, "signal": info["signal"], "waited_s": info["waited_s"],
+                                       "at": time.time()})
     return stopped
 
 
@@ -444,7 +507,7 @@ def run_diff(req, runs, own_pid, own_launch, same):
     before.update(_config_view(own_launch if own_pid is not None else None))
     if req["action"] == "stopped":
         after = dict(before, alive=False, alive_on_its_gpus=[n for n in alive if n != req["run"]])
-        if own_pid is None:
+        if req["run"] not in alive:
             after = before
     elif own_pid is not None and (req["action"] == "started" or (same and not req.get("force"))):
         after = before  # no-op: nothing changes
@@ -459,7 +522,7 @@ def _stopped_after_failed_verify(req, proc, exc):
     """A launch that failed its proof must not live on as an unverified run: stop it, and say so."""
     if proc.poll() is not None:
         return exc
-    info = stop_group(proc.pid, req["stop_timeout"])
+    info = stop_run(req["run_dir"], proc.pid, req["stop_timeout"])
     return LifecycleError("%s; the new process (pid %d) was stopped with %s" % (exc, proc.pid, info.get("signal")),
                           **exc.facts)
 
@@ -497,7 +560,9 @@ def _change(req, timings):
     t_lock = time.monotonic()
     with _NoLock() if check else lifecycle_lock(req["runs_root"], req["lock_timeout"]):
         timings["lock"] = round(time.monotonic() - t_lock, 3)
-        runs, own_pid, own_launch = conflicting_runs(req)
+        runs, agent_pid, own_launch = conflicting_runs(req)
+        # A torchrun job that lost a rank is not alive: it is replaced (what is left of it is stopped first).
+        own_pid = agent_pid if is_healthy(agent_pid, rank_states(req["run_dir"], own_launch)) else None
         own_hb = own_heartbeat(req["run_dir"]) if own_pid is not None else None
         # Same configuration AND proven live by its own heartbeat; an unverified process is replaced.
         same = own_hb is not None and (own_launch or {}).get("fingerprint") == req.get("fingerprint")
@@ -505,7 +570,7 @@ def _change(req, timings):
             result["diff"] = run_diff(req, runs, own_pid, own_launch, same)
         if action == "stopped":
             own = [(n, p) for n, p in runs if n == req["run"]]
-            result.update(changed=bool(own), action="stopped" if own else "none", pid=own_pid)
+            result.update(changed=bool(own), action="stopped" if own else "none", pid=agent_pid)
             if own and not check:
                 result["stopped"] = _timed(timings, "stop", _stop_all, req, own)
             if not own:
@@ -553,11 +618,14 @@ def _launch_after_stop(req, result, timings):
     proc, result["kept"] = _timed(timings, "launch", launch, req, now)
     result["pid"] = proc.pid
     result["fingerprint"] = req["fingerprint"]
+    result["world"] = req.get("job")
     # Still under the lock: a concurrent restart must not stop this launch before it is proven live.
     try:
         result["heartbeat"] = _timed(timings, "verify", verify, req, proc, timings)
     except LifecycleError as exc:
         raise _stopped_after_failed_verify(req, proc, exc)
+    if req.get("job"):
+        result["ranks"] = rank_states(req["run_dir"], _read_json(os.path.join(req["run_dir"], "launch.json")))
 
 
 def _os_text(exc):

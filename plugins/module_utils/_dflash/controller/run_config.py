@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import posixpath
 import re
 
@@ -54,6 +55,80 @@ def trainer_argv(command, trainer_args):
     return argv
 
 
+TORCHRUN_MODULE = "torch.distributed.run"  # torchrun, run by the trainer's own interpreter
+
+
+def torchrun_argv(command, nproc, stop_timeout):
+    """torchrun's command line (one host, --standalone) that runs `command` in nproc ranks.
+
+    The interpreter is command[0] when it is a python (then the rest, e.g. ``-m dflash_trainer.cli``, goes to
+    torchrun as it is), else the ``python`` beside command[0] (a venv's bin/dflash-train: torchrun runs that script
+    with it). --shutdown-timeout (how long torchrun lets its ranks finish after a SIGTERM of its own) is at least
+    the stop timeout, although the lifecycle's stop never relies on it: it signals every rank itself.
+    """
+    prog = command[0]
+    if posixpath.basename(prog).startswith("python"):
+        python, rest = prog, list(command[1:])
+    else:
+        if not prog.startswith("/"):
+            raise ValueError("with nproc_per_node > 1 the trainer command must be an absolute path in its virtual "
+                             "environment (e.g. /opt/dflash/venv/bin/dflash-train), got %r: torchrun runs it with "
+                             "the python beside it" % (prog,))
+        python, rest = posixpath.join(posixpath.dirname(prog), "python"), list(command)
+    return [python, "-m", TORCHRUN_MODULE, "--standalone", "--nproc-per-node=%d" % nproc,
+            "--shutdown-timeout=%d" % shutdown_timeout(stop_timeout)] + rest
+
+
+def shutdown_timeout(stop_timeout):
+    return max(1, int(math.ceil(stop_timeout)))
+
+
+def _gpu_list(value):
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v.strip()]
+    try:
+        return [int(v) for v in items]
+    except (TypeError, ValueError):
+        return None  # the trainer refuses it with its own message
+
+
+def world_layout(trainer_args, nproc):
+    """Which rank is target or drafter, on which GPU, as far as the trainer flags say (None where they do not:
+    the trainer's defaults decide, and rank 0's heartbeat reports the layout). Refuses a GPU count that
+    torchrun's process count cannot match."""
+    targets, drafters = _gpu_list(trainer_args.get("target_gpus")), _gpu_list(trainer_args.get("drafter_gpus"))
+    if targets and drafters:
+        if len(targets) + len(drafters) != nproc:
+            raise ValueError("nproc_per_node is %d but trainer_args target_gpus %s + drafter_gpus %s name %d ranks "
+                             "(one per GPU): set nproc_per_node to %d or change the GPU lists"
+                             % (nproc, targets, drafters, len(targets) + len(drafters), len(targets) + len(drafters)))
+        return [{"rank": r, "role": "target" if r < len(targets) else "drafter", "gpu": gpu}
+                for r, gpu in enumerate(targets + drafters)]
+    given = trainer_args.get("target_ranks")
+    if targets == [] and drafters == [] and given is not None:  # the CPU: --target-ranks splits the world
+        num_targets = int(given)
+        return [{"rank": r, "role": "target" if r < num_targets else "drafter", "gpu": None} for r in range(nproc)]
+    return None
+
+
+def job_argv_and_spec(params, run_dir):
+    """(argv, launch.json's `job`) of the run: the trainer's command line, or for nproc_per_node > 1 torchrun's
+    running it, with the job's process count, where its ranks register (the trainer's --run-dir, else the run
+    directory), the world layout and torchrun's shutdown timeout (job None for one process)."""
+    nproc, trainer_args = params["nproc_per_node"], params["trainer_args"] or {}
+    if nproc < 1:
+        raise ValueError("nproc_per_node must be 1 (one process) or more (a torchrun job), got %d" % nproc)
+    argv = trainer_argv(params["command"], trainer_args)  # validates the command first
+    if nproc == 1:
+        return argv, None
+    argv = trainer_argv(torchrun_argv(params["command"], nproc, params["stop_timeout"]), trainer_args)
+    ranks_dir = posixpath.join(str(trainer_args.get("run_dir") or run_dir), "ranks")
+    return argv, {"launcher": "torchrun", "nproc_per_node": nproc, "ranks_dir": ranks_dir,
+                  "layout": world_layout(trainer_args, nproc),
+                  "shutdown_timeout_s": shutdown_timeout(params["stop_timeout"])}
+
+
 def fingerprint(argv, env, gpus, secret_names, cwd):
     """Hash of what defines the run. Secret values are left out on purpose (rotate one with force=true)."""
     doc = {"argv": argv, "env": dict((k, str(v)) for k, v in (env or {}).items()), "gpus": sorted(gpus or []),
@@ -90,8 +165,8 @@ def build_request(params, check_mode=False, diff=False):
     req.update(action=state, check_mode=bool(check_mode), diff=bool(diff), run=name, runs_root=runs_root,
                run_dir=run_dir, gpus=gpus, cwd=cwd, force=bool(params["force"]))
     if state in ("started", "restarted"):
-        argv = trainer_argv(params["command"], params["trainer_args"])
-        req.update(argv=argv, env=env, secret_env=secret_env,
+        argv, job = job_argv_and_spec(params, run_dir)
+        req.update(job=job, argv=argv, env=env, secret_env=secret_env,
                    fingerprint=fingerprint(argv, env, gpus, secret_env.keys(), cwd))
     return req
 

@@ -31,6 +31,7 @@ def argument_spec():
             run_dir=dict(type="path"),
             command=dict(type="list", elements="str"),
             trainer_args=dict(type="dict", default={}),
+            nproc_per_node=dict(type="int", default=1),
             env=dict(type="dict", default={}),
             secret_env=dict(type="dict", default={}, no_log=True),
             gpus=dict(type="list", elements="int", default=[]),
@@ -72,7 +73,7 @@ def manage_run(module):
         return {"changed": False, "run": request["run"], "run_dir": request["run_dir"], "alive": False,
                 "pid": None, "action": "none", "phase": "container stopped", "state": "container stopped",
                 "stopped": [], "heartbeat": None, "gpu_memory": None, "gpu_memory_note": "container stopped",
-                "log_tail": [], "container_note": str(exc)}
+                "ranks": [], "log_tail": [], "container_note": str(exc)}
     if request["action"] == "started" and result.get("action") == "noop" and not result.get("same_config"):
         module.warn("run %s is alive with another configuration; use state=restarted to apply the new one"
                     % p["name"])

@@ -1,0 +1,152 @@
+"""run_lifecycle with a real torchrun job: `python -m torch.distributed.run --standalone` of dflash-train (gloo, the
+CPU, the trainer's tiny target and data), 1 target rank + 2 drafter ranks, requested through run_config with
+training_run's own defaults and nproc_per_node=3. Every process a test starts carries the run directory in its
+environment (DFLASH_RUN_DIR, set by the lifecycle and inherited by every rank): that is how a test finds "the job's
+processes" in /proc, and what its teardown kills (by pid)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
+
+pytestmark = pytest.mark.slow
+NPROC = 3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    subprocess.run([sys.executable, "-m", "dflash_trainer.make_tiny", "--target-dir", str(root / "target"),
+                    "--data-dir", str(root / "data"), "--num-sequences", "96"], check=True, capture_output=True)
+    return root
+
+
+def job_processes(run_dir):
+    """Every live process of this run's launches: the agent, its ranks and anything they started."""
+    found = set()
+    for pid in procfs.all_pids():
+        if (procfs.environ(pid) or {}).get("DFLASH_RUN_DIR") == run_dir and procfs.is_alive(pid):
+            found.add(pid)
+    return found
+
+
+@pytest.fixture
+def runs_root(tmp_path):
+    root = tmp_path / "runs"
+    yield root
+    for pid in job_processes(str(root / "r1")):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def make_req(runs_root, tiny, **params):
+    p = training_backend.argument_spec().defaults()
+    run_dir = str(runs_root / "r1")
+    p.update(name="r1", state="restarted", transport="local", runs_root=str(runs_root),
+             command=[sys.executable, "-m", "dflash_trainer.cli"], nproc_per_node=NPROC,
+             env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+             trainer_args={"target_model": str(tiny / "target"), "data_dir": str(tiny / "data"),
+                           "output_dir": str(runs_root / "out"), "run_dir": run_dir, "target_gpus": [],
+                           "drafter_gpus": [], "target_ranks": 1, "block_size": 4, "max_anchors": 16,
+                           "num_draft_layers": 1, "gamma": 4, "token_budget": 1024, "max_seq_len": 256,
+                           "max_batch_size": 4, "grad_accum": 1, "log_interval": 1, "heartbeat_interval": 0.2,
+                           "epochs": 50, "hs_queue_depth": 3, "hs_queue_min_ready": 2},
+             settle_time=0.2, heartbeat_timeout=120, stop_timeout=60, lock_timeout=5, log_tail_lines=30,
+             wait_for_phase="training", phase_timeout=120)
+    p.update(params)
+    return run_config.build_request(p)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def metrics_steps(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return len([line for line in f if line.strip()])
+
+
+def test_restart_of_a_three_process_job_leaves_one_jobs_processes_and_stop_ends_them_all(runs_root, tiny):
+    run_dir = str(runs_root / "r1")
+    first = run_lifecycle.change(make_req(runs_root, tiny))
+    assert first["action"] == "launched", first
+    agent = first["pid"]
+    # the agent is the process launched: torchrun, running the trainer's module under its own interpreter
+    argv = procfs.cmdline(agent)
+    assert argv[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3"], argv
+    assert "--shutdown-timeout=60" in argv and argv[argv.index("-m", 2):][:2] == ["-m", "dflash_trainer.cli"]
+    ranks = first["ranks"]
+    assert [(r["rank"], r["role"], r["alive"]) for r in ranks] == [(0, "target", True), (1, "drafter", True),
+                                                                   (2, "drafter", True)], ranks
+    # torchrun put each rank in a session of its own: a signal to the agent's group alone would miss them
+    assert all(procfs.proc_pgrp(r["pid"]) == r["pid"] != procfs.proc_pgrp(agent) for r in ranks)
+    assert job_processes(run_dir) == {agent} | {r["pid"] for r in ranks}
+    launch = json.loads((runs_root / "r1" / "launch.json").read_text())
+    assert launch["job"]["nproc_per_node"] == 3 and launch["job"]["ranks_dir"] == run_dir + "/ranks"
+    assert [e["role"] for e in launch["job"]["layout"]] == ["target", "drafter", "drafter"]
+    assert launch["checkpoints"] == str(runs_root / "out" / "checkpoints")
+
+    status = run_lifecycle.status(make_req(runs_root, tiny, state="status"))
+    assert status["alive"] is True and status["state"] == "running" and status["pid"] == agent
+    assert [r["pid"] for r in status["ranks"]] == [r["pid"] for r in ranks]
+    wait_for(lambda: metrics_steps(run_dir) >= 2, 120, "no optimizer step within 120 s")
+    assert run_lifecycle.change(make_req(runs_root, tiny))["action"] == "noop"
+
+    # forced restart: every rank gets SIGTERM, the drafters checkpoint, the job ends by itself, then the new one
+    second = run_lifecycle.change(make_req(runs_root, tiny, force=True))
+    assert second["action"] == "launched", second
+    (stop,) = second["stopped"]
+    assert stop["signal"] == "SIGTERM" and stop["pid"] == agent, stop
+    assert sorted(stop["ranks"]) == sorted(r["pid"] for r in ranks)
+    old = {agent} | {r["pid"] for r in ranks}
+    assert not any(procfs.is_alive(pid) for pid in old)
+    new = {second["pid"]} | {r["pid"] for r in second["ranks"]}
+    assert len(new) == 1 + NPROC and not new & old
+    assert job_processes(run_dir) == new  # exactly one job's processes: no orphan rank of the first
+    kept_log = next(open(k).read() for k in second["kept"] if k.endswith(".log"))
+    # no rank was killed: torchrun reports a failed (signalled) rank with its exit code
+    assert "exitcode" not in kept_log and "SIGKILL" not in kept_log, kept_log[-3000:]
+    # "[rank 1 drafter 0] checkpoint <dir>/step-N (s)": the first drafter rank writes it, every drafter waits for it
+    saved = [line.split("] checkpoint ", 1)[1].split()[0] for line in kept_log.splitlines() if "] checkpoint " in line]
+    assert saved, kept_log[-3000:]
+    ckpt = saved[-1]
+    wait_for(lambda: "resumed from %s" % ckpt in open(os.path.join(run_dir, "train.log")).read(), 60,
+             "the new job did not resume from the SIGTERM checkpoint %s" % ckpt)
+
+    # stop: every process of the job goes, and the state says it checkpointed
+    wait_for(lambda: metrics_steps(run_dir) >= 1, 120, "no step of the second job")
+    stopped = run_lifecycle.change(make_req(runs_root, tiny, state="stopped"))
+    assert stopped["action"] == "stopped" and stopped["stopped"][0]["signal"] == "SIGTERM", stopped
+    assert job_processes(run_dir) == set()
+    status = run_lifecycle.status(make_req(runs_root, tiny, state="status"))
+    assert status["alive"] is False and status["state"].startswith("not running (stopped by SIGTERM at step "), status
+    assert status["state"].endswith(", checkpointed)") and not any(r["alive"] for r in status["ranks"])
+
+
+def test_a_sigkilled_agent_leaves_no_rank_and_stop_ends_what_is_left(runs_root, tiny):
+    run_dir = str(runs_root / "r1")
+    res = run_lifecycle.change(make_req(runs_root, tiny, wait_for_phase=None))
+    assert res["action"] == "launched", res
+    rank_pids = [r["pid"] for r in res["ranks"]]
+    assert len(rank_pids) == NPROC and all(procfs.is_alive(p) for p in rank_pids)
+    os.kill(res["pid"], signal.SIGKILL)
+    # the ranks die with their agent (the trainer's parent-death signal), although in sessions of their own
+    wait_for(lambda: not any(procfs.is_alive(p) for p in rank_pids), 10, "a rank outlived its SIGKILLed agent")
+    status = run_lifecycle.status(make_req(runs_root, tiny, state="status"))
+    assert status["alive"] is False and status["pid"] is None and not any(r["alive"] for r in status["ranks"])
+    stopped = run_lifecycle.change(make_req(runs_root, tiny, state="stopped"))
+    assert stopped["action"] == "none" and job_processes(run_dir) == set(), stopped
