@@ -177,7 +177,7 @@ notes:
     driver, CPU runs) the result's C(gpu_wait.skipped) is true and C(gpu_wait.reason) says why.
   - Changing only a secret value does not change the fingerprint; use O(force=true) to apply it.
   - For a torchrun job (O(nproc_per_node) > 1) the fingerprint covers torchrun's command line, which holds
-    O(stop_timeout) as C(--shutdown-timeout): changing O(stop_timeout) restarts such a run.
+    O(stop_timeout) as C(--shutdown-timeout), so changing O(stop_timeout) restarts such a run.
 """
 
 EXAMPLES = r"""
@@ -313,7 +313,8 @@ ranks:
   returned: state is status, or when a torchrun job was launched (not in check mode)
   type: list
   elements: dict
-  sample: [{rank: 0, pid: 4250, alive: true, role: target, gpu: 0}, {rank: 1, pid: 4251, alive: true, role: drafter, gpu: 1}]
+  sample: [{rank: 0, pid: 4250, alive: true, role: target, gpu: 0},
+           {rank: 1, pid: 4251, alive: true, role: drafter, gpu: 1}]
 world:
   description: The torchrun job's record from C(launch.json) (null for one process) - C(nproc_per_node), C(ranks_dir),
     C(layout) (null when the trainer flags do not say it), C(shutdown_timeout_s).

@@ -379,7 +379,8 @@ def verify(req, proc, timings):
             if not cmdline_matches(cmdline(proc.pid), req["argv"]):
                 raise LifecycleError("pid %d does not run the launched command (%s)" % (
                     proc.pid, " ".join(cmdline(proc.pid) or [])), pid=proc.pid)
-            ranks_up = _job_ranks_up(req, proc, log_path) if req.get("job") else True
+            # a finished job's ranks removed their pid files: nothing left to count
+            ranks_up = _job_ranks_up(req, proc, log_path) if req.get("job") and hb.get("phase") != "finished" else True
             if ranks_up is None and elapsed >= req["settle_time"] + req["heartbeat_timeout"]:
                 raise LifecycleError("the torchrun agent (pid %d) is alive but not all %d ranks wrote their pid file "
                                      "within %ss; see log_tail" % (proc.pid, req["job"]["nproc_per_node"],
