@@ -1,0 +1,1 @@
+"""Launch the job templates of awx/ through ansible-runner, the way AWX does (see launcher/README.md)."""
