@@ -228,5 +228,9 @@ def test_bad_input_is_one_line_before_anything_runs(inv, tmp_path):
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and proc.stderr == "dflash_ops: inventory %s does not exist; give -i an inventory " \
         "file or directory\n" % (tmp_path / "no")
+    used = tmp_path / "used"
+    assert cli(inv, "status", "r1", artifacts=used)[0] == 0
+    rc, out, err = cli(inv, "status", "r1", artifacts=used)
+    assert rc == 2 and err == "dflash_ops: %s already holds a job; give --artifacts a new directory\n" % used
     with pytest.raises(InputError, match="not a dflash.ops checkout"):
         projects.find_project(str(tmp_path))

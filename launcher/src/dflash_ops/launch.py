@@ -32,6 +32,8 @@ def prepare(project, template, answers, data_dir=None, check_run_name=True):
             projects.run_name_rule(project)(resolved["run"])
         except ValueError as e:
             raise InputError("%s; nothing was run" % e)
+    if data_dir and os.path.exists(os.path.join(data_dir, "env", "extravars")):
+        raise InputError("%s already holds a job; give --artifacts a new directory" % data_dir)
     data_dir = data_dir or tempfile.mkdtemp(prefix="dflash_ops-")
     os.makedirs(os.path.join(data_dir, "env"), exist_ok=True)
     with open(os.path.join(data_dir, "env", "extravars"), "x") as f:
