@@ -4,6 +4,7 @@ the runner's events and artifacts; live progress; failures exit 1 with the messa
 launches end with one live run; operator input is data: a templated run name runs nothing, through the entry point
 and through the survey (answers tagged !unsafe, as AWX does)."""
 import glob
+import hashlib
 import json
 import os
 import signal
@@ -12,10 +13,12 @@ import sys
 import threading
 
 import pytest
+import yaml
 from ansible_helpers import FAKE, ROOT, live_pids_with, starts
 
 from dflash_ops import extravars, launch, project as projects
 from dflash_ops.errors import InputError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 pytestmark = pytest.mark.timeout(180)
 PROJECT = projects.find_project(ROOT)
@@ -48,7 +51,8 @@ def inv(tmp_path, request):
         "dflash_model_source": str(src), "dflash_model_dest": str(tmp_path / "shm" / "M"),
         "dflash_run_defaults": {"trainer_args": {"tag": tag},
                                 "env": {"DFLASH_PROFILE_INTERVAL": "60", "DFLASH_SPLIT_FC_LAYERS": "0",
-                                        "FAKE_SHOW_ENV": "DFLASH_PROFILE_INTERVAL,DFLASH_SPLIT_FC_LAYERS"}},
+                                        "FAKE_SHOW_ENV": "DFLASH_PROFILE_INTERVAL,DFLASH_SPLIT_FC_LAYERS",
+                                        "FAKE_HASH_ENV": "WANDB_API_KEY"}},
         "dflash_runs": {"r1": {"trainer_args": {"lr": 2}}, "r2": {}}}}}}))
     inv = type("Inv", (), {"path": str(path), "tag": tag, "runs": tmp_path / "runs", "tmp": tmp_path})
     yield inv
@@ -234,3 +238,29 @@ def test_bad_input_is_one_line_before_anything_runs(inv, tmp_path):
     assert rc == 2 and err == "dflash_ops: %s already holds a job; give --artifacts a new directory\n" % used
     with pytest.raises(InputError, match="not a dflash.ops checkout"):
         projects.find_project(str(tmp_path))
+
+
+def _inject(node, inputs):
+    """A credential type's extra_vars injector rendered as AWX renders it (sandboxed Jinja over nested values)."""
+    if isinstance(node, dict):
+        return {k: _inject(v, inputs) for k, v in node.items()}
+    return ImmutableSandboxedEnvironment().from_string(node).render(**inputs)
+
+
+def test_the_secrets_credential_reaches_the_trainer_and_no_job_event(inv):
+    secret = "wandb-Secret-5c1e"
+    with open(os.path.join(ROOT, "awx", "controller.yml")) as f:
+        injectors = yaml.safe_load(f)["credential_type"]["injectors"]
+    injected = _inject(injectors["extra_vars"], {"wandb_api_key": secret})
+    template = projects.template(PROJECT, "Restart training")
+    data_dir = launch.prepare(PROJECT, template, {"run": "r1", "force": "no"}, data_dir=str(inv.tmp / "job"))
+    with open(os.path.join(data_dir, "env", "extravars"), "w") as f:  # AWX: template vars + credential + answers
+        f.write(extravars.render(template.extra_vars, dict(injected, run="r1", force="no")))
+    outcome = launch.run(PROJECT, template, data_dir, inventory=inv.path, out=open(os.devnull, "w"))
+    assert outcome.ok
+    seen = starts(inv.runs / "r1")[-1]
+    assert seen["secret_sha"]["WANDB_API_KEY"] == hashlib.sha256(secret.encode()).hexdigest()
+    for path in glob.glob(os.path.join(outcome.artifacts, "**", "*"), recursive=True) + \
+            glob.glob(str(inv.runs / "r1" / "*")):
+        if os.path.isfile(path):
+            assert secret not in open(path, errors="replace").read(), path
