@@ -71,10 +71,11 @@ options:
     default: {}
   nproc_per_node:
     description:
-      - V(1) launches O(command) as one process. More makes the run a torchrun job of that many ranks on this host
-        (C(<python> -m torch.distributed.run --standalone --nproc-per-node=N --shutdown-timeout=S <command>
-        <trainer flags>), with the python beside O(command) or O(command)'s own interpreter); its elastic agent is the
-        process launched and recorded in C(pid).
+      - V(1) launches O(command) as one process. More makes the run a torchrun job of that many ranks on this host,
+        C(<python> -m torch.distributed.run --standalone --local-addr=127.0.0.1 --nproc-per-node=N
+        --shutdown-timeout=S <command> <trainer flags>), run by the python beside O(command) (or O(command)'s own
+        interpreter); its elastic agent is the process launched and recorded in C(pid). The ranks meet on loopback,
+        whatever the container's hostname resolves to.
       - torchrun starts every rank in a session of its own, so each rank records its pid in C(<run dir>/ranks/) (the
         trainer's C(--run-dir), else the run directory), and the lifecycle stops the job itself - SIGTERM to every
         rank (drafter ranks checkpoint), then the agent, SIGKILL to all at O(stop_timeout) - never relying on

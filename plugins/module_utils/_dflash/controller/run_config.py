@@ -75,7 +75,9 @@ def torchrun_argv(command, nproc, stop_timeout):
                              "environment (e.g. /opt/dflash/venv/bin/dflash-train), got %r: torchrun runs it with "
                              "the python beside it" % (prog,))
         python, rest = posixpath.join(posixpath.dirname(prog), "python"), list(command)
-    return [python, "-m", TORCHRUN_MODULE, "--standalone", "--nproc-per-node=%d" % nproc,
+    # --local-addr: one host, so the ranks meet the agent's store on loopback, whatever the hostname resolves to
+    # (an LXC container named by its vmid, "200", resolves as the IPv4 address 0.0.0.200; no ranks ever connect).
+    return [python, "-m", TORCHRUN_MODULE, "--standalone", "--local-addr=127.0.0.1", "--nproc-per-node=%d" % nproc,
             "--shutdown-timeout=%d" % shutdown_timeout(stop_timeout)] + rest
 
 

@@ -4,7 +4,7 @@ import pytest
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config as rc
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.training_backend import argument_spec
 
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--local-addr=127.0.0.1"]
 
 
 def request(**given):

@@ -1,8 +1,9 @@
-"""run_lifecycle with a real torchrun job: `python -m torch.distributed.run --standalone` of dflash-train (gloo, the
-CPU, the trainer's tiny target and data), 1 target rank + 2 drafter ranks, requested through run_config with
-training_run's own defaults and nproc_per_node=3. Every process a test starts carries the run directory in its
-environment (DFLASH_RUN_DIR, set by the lifecycle and inherited by every rank): that is how a test finds "the job's
-processes" in /proc, and what its teardown kills (by pid)."""
+"""run_lifecycle (local mode, called directly) with a real torchrun job: `python -m torch.distributed.run
+--standalone` of dflash-train (gloo, the CPU, the trainer's tiny target and data), 1 target rank + 2 drafter ranks,
+requested through run_config with training_run's own defaults and nproc_per_node=3. Every process a test starts
+carries the run directory in its environment (DFLASH_RUN_DIR, set by the lifecycle and inherited by every rank):
+that is how a test finds "the job's processes" in /proc, and what its teardown kills (by pid). Here, not in
+tests/unit: it needs the trainer and torch (the checkout's .venv), which ansible-test's unit environment lacks."""
 import json
 import os
 import signal
@@ -87,7 +88,8 @@ def test_restart_of_a_three_process_job_leaves_one_jobs_processes_and_stop_ends_
     agent = first["pid"]
     # the agent is the process launched: torchrun, running the trainer's module under its own interpreter
     argv = procfs.cmdline(agent)
-    assert argv[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3"], argv
+    assert argv[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr=127.0.0.1",
+                        "--nproc-per-node=3"], argv
     assert "--shutdown-timeout=60" in argv and argv[argv.index("-m", 2):][:2] == ["-m", "dflash_trainer.cli"]
     ranks = first["ranks"]
     assert [(r["rank"], r["role"], r["alive"]) for r in ranks] == [(0, "target", True), (1, "drafter", True),
