@@ -13,6 +13,7 @@ import time
 import pytest
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import job_ranks, procfs, run_lifecycle
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
 
 STANDIN = textwrap.dedent("""
     import json, os, signal, subprocess, sys, time
@@ -139,3 +140,12 @@ def test_status_of_a_job_that_lost_a_rank_is_not_alive_and_a_restart_replaces_it
     assert orphan["state"] == ("not running (the torchrun agent is gone but rank 0 (pid %d) is left: stop the run "
                                "to end it)" % ranks[0].pid)
     assert run_lifecycle.conflicting_runs(req)[0] == [("r1", None)]
+    # state=stopped ends what is left, and records the stop against the agent's pid
+    params = dict(training_backend.argument_spec().defaults(), name="r1", state="stopped", transport="local",
+                  runs_root=str(run_dir.parent), lock_timeout=5, stop_timeout=5)
+    res = run_lifecycle.change(run_config.build_request(params))
+    assert res["action"] == "stopped" and res["pid"] is None, res
+    (stop,) = res["stopped"]
+    assert (stop["pid"], stop["signal"], stop["ranks"]) == (agent.pid, "SIGTERM", [ranks[0].pid])
+    assert not procfs.is_alive(ranks[0].pid) and [g["who"] for g in signals(run_dir)] == ["rank0"]
+    assert json.loads((run_dir / "stopped.json").read_text())["pid"] == agent.pid
