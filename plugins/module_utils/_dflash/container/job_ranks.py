@@ -96,6 +96,25 @@ def live_rank_pids(run_dir, launch_info):
     return [row["pid"] for row in rank_states(run_dir, launch_info) if row["alive"]]
 
 
+def is_healthy(pid, ranks):
+    """Alive as a run: the launched process, and every rank of a torchrun job that registered (a rank that died
+    makes the job not alive; torchrun is ending it)."""
+    return pid is not None and all(r["alive"] for r in ranks)
+
+
+def job_state(pid, ranks):
+    """The phrase for a torchrun job that is not whole (an agent without some rank, ranks without their agent),
+    else None."""
+    dead = ["%d (pid %d)" % (r["rank"], r["pid"]) for r in ranks if not r["alive"]]
+    left = ["%d (pid %d)" % (r["rank"], r["pid"]) for r in ranks if r["alive"]]
+    if pid is not None and dead:
+        return ("failing (rank %s gone while the torchrun agent, pid %d, lives: torchrun is ending the job; "
+                "restart the run if it stays)" % (", ".join(dead), pid))
+    if pid is None and left:
+        return "not running (the torchrun agent is gone but rank %s is left: stop the run to end it)" % ", ".join(left)
+    return None
+
+
 def _kill(pid, sig, group=False):
     try:
         os.killpg(pid, sig) if group else os.kill(pid, sig)

@@ -21,7 +21,7 @@ import time
 from .entry import answer
 from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
-from .job_ranks import clear_rank_files, rank_states, stop_job
+from .job_ranks import clear_rank_files, is_healthy, job_state, rank_states, stop_job
 from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
 from .run_name import validate_run_name
 from .run_paths import check_not_system_dir, check_reserved_env
@@ -175,12 +175,6 @@ def run_processes(run_dir):
     pid, launch_info = live_run(run_dir)
     ranks = rank_states(run_dir, launch_info)
     return pid, launch_info, ranks, pid is not None or any(r["alive"] for r in ranks)
-
-
-def is_healthy(pid, ranks):
-    """Alive as a run: the launched process, and every rank of a torchrun job that registered (a rank that died
-    makes the job not alive; torchrun is ending it)."""
-    return pid is not None and all(r["alive"] for r in ranks)
 
 
 def conflicting_runs(req):
@@ -416,19 +410,6 @@ def _wait_exit(proc, timeout):
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
         return None
-
-
-def job_state(pid, ranks):
-    """The phrase for a torchrun job that is not whole (an agent without some rank, ranks without their agent),
-    else None."""
-    dead = ["%d (pid %d)" % (r["rank"], r["pid"]) for r in ranks if not r["alive"]]
-    left = ["%d (pid %d)" % (r["rank"], r["pid"]) for r in ranks if r["alive"]]
-    if pid is not None and dead:
-        return ("failing (rank %s gone while the torchrun agent, pid %d, lives: torchrun is ending the job; "
-                "restart the run if it stays)" % (", ".join(dead), pid))
-    if pid is None and left:
-        return "not running (the torchrun agent is gone but rank %s is left: stop the run to end it)" % ", ".join(left)
-    return None
 
 
 def status(req):
