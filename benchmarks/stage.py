@@ -7,8 +7,9 @@ goes through the module's backend (controller/weights_backend.stage_weights, loc
 in-container code a container runs), never a copy loop of its own. Rows: cp -r vs staging (alternating order,
 median of `--repeats`), the unchanged re-run of the backend, and stage_weights.yml vs an empty play (the issue's
 reference: no task, no connection) and vs a floor play (one `ping` to the same host: no play that looks at the
-staged copy can cost less). The CPU seconds (user + sys of the child processes: cp; the stager the local transport starts) are printed too: on a
-shared machine the wall-clock ratio follows the other load, the CPU each contender spends per byte does not.
+staged copy can cost less). The CPU seconds (user + sys of the child processes: cp; the stager the local
+transport starts) are printed too: on a shared machine the wall-clock ratio follows the other load, the CPU each
+contender spends per byte does not.
 """
 import argparse
 import os
