@@ -6,6 +6,9 @@ Write order, so that a kill at any instant leaves a loadable `latest`:
   3. `latest` rewritten via a temp file + os.replace (atomic), fsync checkpoints/;
   4. older step-N dirs beyond keep-last-k removed.
 A .tmp-* directory is never loaded; one left by a killed process is removed at the next save.
+A write that fails (a full disk: ENOSPC from a file, or torch.save's RuntimeError for it) removes what it wrote,
+leaves `latest` on the previous complete checkpoint and raises CheckpointWriteError, whose one line names the
+directory, the bytes free there and the bytes the checkpoint needs.
 
 A checkpoint holds: model.safetensors (the trainable drafter weights, export key names),
 drafter_config.json (to rebuild the drafter), train_state.pt (optimizer, scheduler, data position,
@@ -14,6 +17,7 @@ RNG states, step, run config).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -22,6 +26,8 @@ import time
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from dflash_trainer.failures import ExplainedFailure
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 FILES = ("model.safetensors", "drafter_config.json", "train_state.pt")
@@ -40,13 +46,67 @@ def checkpoints_dir(output_dir: str) -> str:
     return os.path.join(output_dir, "checkpoints")
 
 
+class CheckpointWriteError(ExplainedFailure):
+    """A checkpoint that could not be written; its partial files are already removed."""
+
+
+def tensor_bytes(tree) -> int:
+    """Bytes of the tensors in nested dicts/lists/tuples: what a checkpoint of them needs at least on disk."""
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(tensor_bytes(v) for v in tree)
+    return 0
+
+
+def _latest_name(root: str) -> str | None:
+    try:
+        with open(os.path.join(root, "latest")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def save_checkpoint(output_dir: str, step: int, model_state: dict[str, torch.Tensor], drafter_config: dict,
                     train_state: dict, keep: int) -> str:
     root = checkpoints_dir(output_dir)
-    os.makedirs(root, exist_ok=True)
-    for name in os.listdir(root):  # leftovers of a killed save
-        if name.startswith(".tmp-"):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    previous = _latest_name(root)
+    try:
+        os.makedirs(root, exist_ok=True)
+        for name in os.listdir(root):  # leftovers of a killed save
+            if name.startswith(".tmp-") or name == ".latest.tmp":
+                path = os.path.join(root, name)
+                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+        return _write(root, step, model_state, drafter_config, train_state, keep)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (inline_container)
+        _remove_partial(root, step)
+        free = shutil.disk_usage(root if os.path.isdir(root) else output_dir).free
+        needed = tensor_bytes(model_state) + tensor_bytes(train_state)
+        reason = " ".join(str(e).split())[:200]
+        if getattr(e, "errno", None) == errno.ENOSPC or free < needed:  # torch's own text does not say so
+            reason = f"no space left on device ({reason})"
+        kept = f"`latest` stays {previous}" if previous else "no earlier checkpoint exists"
+        raise CheckpointWriteError(
+            f"checkpoint step-{step} could not be written in {root}: {reason}; {free} bytes free there, "
+            f"about {needed} needed; the partial checkpoint was removed and {kept}; free space there (or give "
+            f"--output-dir on a larger disk) and start the run again to resume") from e
+
+
+def _remove_partial(root: str, step: int) -> None:
+    """What a failed save leaves: its temp dir and temp `latest`, and its step dir unless `latest` names it."""
+    shutil.rmtree(os.path.join(root, f".tmp-step-{step}"), ignore_errors=True)
+    try:
+        os.unlink(os.path.join(root, ".latest.tmp"))
+    except OSError:
+        pass
+    if _latest_name(root) != f"step-{step}":
+        shutil.rmtree(os.path.join(root, f"step-{step}"), ignore_errors=True)
+
+
+def _write(root: str, step: int, model_state: dict[str, torch.Tensor], drafter_config: dict, train_state: dict,
+           keep: int) -> str:
     tmp = os.path.join(root, f".tmp-step-{step}")
     final = os.path.join(root, f"step-{step}")
     os.makedirs(tmp)

@@ -31,6 +31,7 @@ import traceback
 
 from dflash_trainer.config import (StartupError, TrainConfig, declared_default, env_fields, flag_fields,
                                    option_name, parse_inverted_switch, validate_paths)
+from dflash_trainer.failures import ExplainedFailure
 from dflash_trainer.heartbeat import Heartbeat, write_json_atomic
 
 PROG = "dflash-train"
@@ -185,10 +186,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(e: BaseException, heartbeat: Heartbeat) -> int:
-    traceback.print_exc()
-    message = " ".join(f"{type(e).__name__}: {e}".split())
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     heartbeat.stop()
+    heartbeat.release_reserve()  # the disk may be full: room for the lines below and the `failed` heartbeat
+    if isinstance(e, ExplainedFailure):  # its one line says it all
+        message = " ".join(str(e).split())
+    else:
+        traceback.print_exc()
+        message = " ".join(f"{type(e).__name__}: {e}".split())
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     heartbeat.set_phase("failed", error=message)
     return 130 if isinstance(e, KeyboardInterrupt) else 1
 

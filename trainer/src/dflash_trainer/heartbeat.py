@@ -3,28 +3,53 @@
 Stdlib only, because the first heartbeat is written before torch is imported.
 Content: {pid, phase, step, epoch, tokens_per_s, loss, updated_at, error?, stopped?}; always replaced
 atomically (temp file in the same directory + os.replace) so a reader never sees half a file.
+A full disk must not leave the heartbeat at its last phase: the run dir keeps .heartbeat.reserve (RESERVE_BYTES,
+allocated at start), and a write that finds no space releases it and writes again, so `failed` and its error still
+reach the file (and the log line after it has room too).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
 import time
 
 PHASES = ("loading", "training", "checkpointing", "finished", "failed")
+RESERVE_NAME = ".heartbeat.reserve"
+RESERVE_BYTES = 1 << 20  # many heartbeats and the error lines of the log
 
 
 def write_json_atomic(path: str, payload, indent: int | None = None) -> None:
     """Write then rename: os.replace is atomic within one filesystem, so readers see old or new."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=indent)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(payload, f, indent=indent)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:  # no temp file left behind (a full disk leaves a 0-byte one otherwise)
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def reserve_space(path: str, size: int) -> None:
+    """Allocates `size` bytes to `path` (blocks really taken, not a sparse file); best effort."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 class Heartbeat:
@@ -33,6 +58,8 @@ class Heartbeat:
     def __init__(self, run_dir: str, interval_s: float = 2.0):
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "heartbeat.json")
+        self.reserve_path = os.path.join(run_dir, RESERVE_NAME)
+        reserve_space(self.reserve_path, RESERVE_BYTES)
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._state = {"pid": os.getpid(), "phase": "loading", "step": 0, "epoch": 0,
@@ -44,7 +71,20 @@ class Heartbeat:
         with self._lock:
             payload = dict(self._state, updated_at=time.time())
             # Several threads may write; the lock also serializes the shared temp file name.
-            write_json_atomic(self.path, payload)
+            try:
+                write_json_atomic(self.path, payload)
+            except OSError as e:
+                if e.errno != errno.ENOSPC or not self.release_reserve():
+                    raise
+                write_json_atomic(self.path, payload)
+
+    def release_reserve(self) -> bool:
+        """Frees the reserved space for the last writes of a failing run; False if it was already gone."""
+        try:
+            os.unlink(self.reserve_path)
+            return True
+        except OSError:
+            return False
 
     def update(self, **fields) -> None:
         """Record new numbers; they reach the file at the next periodic write."""
