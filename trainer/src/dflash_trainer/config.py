@@ -240,9 +240,16 @@ class TrainConfig:
                                      help="seconds between heartbeat.json writes")
     log_interval: int = flag(10, parse=parse_int, check=at_least(1), group=CONTRACT,
                              help="optimizer steps between log lines / metrics rows")
+    telemetry_interval: float = flag(5.0, parse=parse_float, check=positive, group=CONTRACT,
+                                     help="seconds between NVML readings of every GPU (telemetry.jsonl)")
+    wandb_project: str | None = flag(None, group=CONTRACT,
+                                     help="log metrics, profile and NVML figures to this Weights & Biases project "
+                                          "(also on when WANDB_PROJECT is set; WANDB_MODE=offline writes "
+                                          "<run-dir>/wandb only; the key only from WANDB_API_KEY; needs "
+                                          "pip install dflash_trainer[wandb])")
 
     profile_interval: float = env_knob(60.0, env="DFLASH_PROFILE_INTERVAL", parse=parse_seconds,
-                                       help="seconds between profile.jsonl snapshots and NVML readings")
+                                       help="seconds between profile.jsonl snapshots (and their log lines)")
     split_fc_layers: bool = env_knob(False, env="DFLASH_SPLIT_FC_LAYERS", parse=parse_switch,
                                      help="1 applies fc per tap and sums instead of one matmul over the "
                                           "concatenated taps (identical math, no K*H concatenation in memory)")

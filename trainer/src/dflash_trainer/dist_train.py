@@ -50,7 +50,8 @@ from dflash_trainer.hs_queue import HiddenStateQueue, batch_tap_bytes, check_hos
 from dflash_trainer.hs_transport import Item, Receiver, Sender
 from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.step import derived_seed, drafter_micro_batch
-from dflash_trainer.telemetry import JsonlWriter
+from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, profile_line
+from dflash_trainer.wandb_log import WandbLog, check_available
 
 STOP_REQUESTED, STOP_AT, PROGRESS, ERROR = "dflash/stop_requested", "dflash/stop_at", "dflash/progress", "dflash/error"
 RANK_PROGRESS = "dflash/rank/"  # + rank: that rank's last RankProgress row
@@ -58,10 +59,13 @@ RANK_PROGRESS = "dflash/rank/"  # + rank: that rank's last RankProgress row
 
 class RankProgress:
     """This rank's counters (cumulative): the last step it worked on, items (micro-batches) sent or trained,
-    tokens, and seconds per phase. Every update goes to the job's store, where rank 0 reads every rank's for the
-    heartbeat's `ranks` (a stalled rank's step and time stay behind); a row goes to <run-dir>/profile.jsonl every
-    DFLASH_PROFILE_INTERVAL seconds (0: every update) and at the end. Rows carry "rank" and "role" (one file for
-    the whole job; benchmarks/pipeline.py reads its stage timings from it)."""
+    tokens, tokens/s since the rank started training, and seconds per phase (target: data, target forward, send =
+    waiting to hand taps to the transfer, transfer = hand-off to transfer complete, overlapping the next forward;
+    drafter: queue_wait, drafter_fwd_bwd, optimizer = clipping, the loss all-reduce and the update, step). Every
+    update goes to the job's store, where rank 0 reads every rank's for the heartbeat's `ranks` (a stalled rank's
+    step and time stay behind); a row goes to <run-dir>/profile.jsonl and the log every DFLASH_PROFILE_INTERVAL
+    seconds (0: every update, not logged) and at the end. Rows carry "rank" and "role" (one file for the whole
+    job, each row one append; benchmarks/pipeline.py reads its stage timings from it)."""
 
     def __init__(self, world: World, cfg: TrainConfig):
         self.world, self.interval_s = world, cfg.profile_interval
@@ -69,6 +73,7 @@ class RankProgress:
         self.row = {"rank": world.rank, "role": world.role, "step": 0, "items": 0, "tokens": 0, "seconds": {}}
         self._lock = threading.Lock()
         self._last_write = 0.0
+        self._start = time.time()
 
     def add(self, name: str, seconds: float) -> None:
         with self._lock:
@@ -77,12 +82,15 @@ class RankProgress:
     def update(self, force: bool = False, **fields) -> None:
         with self._lock:
             self.row.update(fields, time=time.time())
+            self.row["tokens_per_s"] = round(self.row["tokens"] / max(self.row["time"] - self._start, 1e-9), 1)
             if self.world.device.type == "cuda":
                 self.row["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated(self.world.device) / 2**20)
             payload = json.dumps(self.row)
             if force or self.row["time"] - self._last_write >= self.interval_s:
                 self._last_write = self.row["time"]
                 self.writer.write(self.row)
+                if force or self.interval_s > 0:
+                    log(self.world, profile_line(self.row))
         try:
             self.world.store.set(RANK_PROGRESS + str(self.world.rank), payload)
         except Exception:  # noqa: BLE001 - the heartbeat misses one update; training goes on
@@ -177,14 +185,17 @@ def _store_int(store, key: str) -> int | None:
     return int(store.get(key)) if store.check([key]) else None
 
 
-def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading.Event) -> None:
+def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading.Event, nvml: NvmlTelemetry) -> None:
     from dflash_trainer.target import FrozenTarget
     target = FrozenTarget(cfg.target_model, world.device, layer_ids, need_last_hidden=cfg.use_soft_labels)
     dist.barrier()  # every rank is loaded: the drafters' receivers start only now
     T, D, accum = world.num_target_ranks, world.num_drafter_ranks, cfg.grad_accum
     progress = RankProgress(world, cfg)
+    nvml.start(lambda: progress.row["step"])
+    handed = {}  # k -> when the loop handed the item to the sender
 
     def sent(item: Item) -> None:  # the sender's thread (or the loop, with --hs-sync-transfers): transfer complete
+        progress.add("transfer", time.perf_counter() - handed.pop(item.k, time.perf_counter()))
         progress.update(step=item.step, items=progress.row["items"] + 1,
                         tokens=progress.row["tokens"] + int(item.lengths.sum()))
 
@@ -213,6 +224,7 @@ def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading
             t1 = time.perf_counter()
             taps, last = target(batch.input_ids)
             t2 = time.perf_counter()
+            handed[slot.k] = t2
             sender.send(dst, Item(slot.k, slot.step, slot.micro, batch.input_ids, batch.loss_mask, batch.lengths,
                                   list(taps), last))
             progress.add("data", t1 - t0)
@@ -228,7 +240,7 @@ def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading
 
 
 def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_steps: int,
-                stop: threading.Event) -> None:
+                stop: threading.Event, nvml: NvmlTelemetry) -> None:
     from dflash_trainer.schedule import Schedule as LrSchedule
     from dflash_trainer.train import rng_state, training_drafter
     d, D, T, accum, G = world.role_rank, world.num_drafter_ranks, world.num_target_ranks, cfg.grad_accum, \
@@ -268,6 +280,7 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
                         drafter_cfg.num_taps, drafter_cfg.hidden_size, synchronous=cfg.hs_sync_transfers).start()
     progress = RankProgress(world, cfg)
     progress.update(step=step)
+    nvml.start(lambda: progress.row["step"])
     if cfg.hs_sync_transfers:  # no queue: each item is received when its micro-batch comes
         log(world, f"receiving my {num_mine} micro-batches one at a time (--hs-sync-transfers)")
     else:
@@ -277,6 +290,8 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
 
     leader = world.is_drafter_leader
     metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl")) if leader else None
+    wandb_run = WandbLog.open(cfg, world.layout) if leader else None
+    wandb_profiled = time.time()
     S = drafter_cfg.block_size
     window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
     data_state, last_saved = None, step if state is not None else -1
@@ -316,16 +331,19 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
             progress.add("queue_wait", time.perf_counter() - t_wait)
             assert (item.k, item.micro) == (slot.k, slot.micro), (item.k, slot.k)
             sync = by_hand or i + 1 < len(my_slots)
+            t_fwd = time.perf_counter()
             with ddp.no_sync() if sync else _nothing():
                 out = drafter_micro_batch(ddp, item.taps, item.last, item.input_ids, item.loss_mask, item.lengths,
                                           max_anchors=cfg.max_anchors, gamma=cfg.gamma, noise_amplitude=amp,
                                           seed=derived_seed(cfg.seed, s, slot.micro),
                                           head_chunk_size=cfg.head_chunk_size)
                 (out.loss / accum).backward()
+            progress.add("drafter_fwd_bwd", time.perf_counter() - t_fwd)
             loss_sum += out.loss.detach()
             correct += out.slot_correct
             count += out.slot_count
             tokens += int(item.lengths.sum())
+        t_opt = time.perf_counter()
         if by_hand:
             for p in trainable:
                 if p.grad is None:
@@ -352,6 +370,7 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
             log(world, f"step {s}: non-finite loss {loss_value} / grad norm {float(grad_norm)}: update skipped")
         optimizer.zero_grad(set_to_none=True)
         step, data_state = s + 1, data_after
+        progress.add("optimizer", time.perf_counter() - t_opt)
         elapsed = time.perf_counter() - t_step
         progress.add("step", elapsed)
         progress.update(step=step, items=progress.row["items"] + len(my_slots), tokens=progress.row["tokens"] + tokens,
@@ -377,10 +396,15 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
                    "data_crc": window["crc"], "queue_high_water": hs_queue.high_water,
                    "queue_wait_s": round(hs_queue.wait_s, 4), "time": time.time()}
             metrics.write(row)
+            if wandb_run is not None:
+                wandb_run.metrics(row)
             log(world, f"step {step} epoch {data_state['epoch']} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
                        f"tau {row['tau_proxy']:.3f} tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} queue {len(hs_queue)}"
                        f"/{hs_queue.depth}")
             window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+        if wandb_run is not None and time.time() - wandb_profiled >= cfg.profile_interval:
+            wandb_profiled = time.time()
+            wandb_job_profile(wandb_run, world, step, nvml)
         if stopping:
             break
         if step % cfg.checkpoint_interval == 0:
@@ -395,8 +419,21 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
         checkpoint()
     receiver.join()
     progress.update(force=True, done=True)
+    dist.barrier(group=world.drafter_group)  # every drafter's last row is in the store for the last W&B profile
+    if wandb_run is not None:
+        wandb_job_profile(wandb_run, world, step, nvml)
+        wandb_run.close()
     log(world, f"drafter done at step {step}{' (stopped)' if stopping else ''}; queue high water "
                f"{hs_queue.high_water}/{hs_queue.depth}, waited {hs_queue.wait_s:.2f} s for hidden states")
+
+
+def wandb_job_profile(wandb_run: WandbLog, world: World, step: int, nvml: NvmlTelemetry) -> None:
+    """Every rank's last progress row (from the store, as the heartbeat reads them) and this rank's GPUs."""
+    for r in range(world.world_size):
+        key = RANK_PROGRESS + str(r)
+        if world.store.check([key]):
+            wandb_run.profile(json.loads(world.store.get(key)), step)
+    wandb_run.gpus(step, nvml.latest)
 
 
 def check_queue_memory(cfg: TrainConfig, world: World, available: int | None = None) -> None:
@@ -467,8 +504,18 @@ def main(cfg: TrainConfig) -> int:
         heartbeat.write()
         heartbeat.start()
     done = threading.Event()
+    # each rank reads its own GPU (rows carry the rank); on the CPU NVML is absent: rank 0 says so once
+    nvml = NvmlTelemetry(cfg.run_dir, cfg.telemetry_interval,
+                         [world.device.index] if world.device.type == "cuda" else [], rank=world.rank)
+    if world.device.type != "cuda":
+        nvml.close()
+        nvml.unavailable = nvml.unavailable or "this rank runs on the CPU"
+    if nvml.unavailable and world.rank == 0:
+        log(world, f"note: no GPU telemetry: {nvml.unavailable}")
     try:
         validate_paths(cfg)
+        if world.is_drafter_leader:
+            check_available(cfg)
         if not world.is_target:
             check_queue_memory(cfg, world)
         from transformers import AutoConfig
@@ -505,9 +552,9 @@ def main(cfg: TrainConfig) -> int:
             heartbeat.set_phase("training", step=step0)
             threading.Thread(target=_relay_progress, args=(world, heartbeat, done), daemon=True).start()
         if world.is_target:
-            run_target(cfg, world, schedule(), layer_ids, stop)
+            run_target(cfg, world, schedule(), layer_ids, stop, nvml)
         else:
-            run_drafter(cfg, world, schedule, drafter_cfg, state, total_steps, stop)
+            run_drafter(cfg, world, schedule, drafter_cfg, state, total_steps, stop, nvml)
         dist.barrier()
         status = 0
     except BaseException as e:  # noqa: BLE001 - every failure must name its rank and reach the log
@@ -527,6 +574,7 @@ def main(cfg: TrainConfig) -> int:
         status = 2 if isinstance(e, StartupError) else 1
         os._exit(status)  # peers may be blocked in collectives with us: leave now, torchrun ends the job
     done.set()
+    nvml.close()
     if heartbeat is not None:
         heartbeat.stop()
         _read_progress(world, heartbeat)

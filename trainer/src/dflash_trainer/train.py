@@ -31,6 +31,7 @@ from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.schedule import Schedule
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, Profiler
+from dflash_trainer.wandb_log import WandbLog, check_available
 
 
 def log(msg: str) -> None:
@@ -159,6 +160,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=tim
     _, layer_ids, drafter_cfg = drafter_config_for(cfg)
     num_target_layers = drafter_cfg.num_target_layers
     init_state = initial_weights(cfg.init_drafter, drafter_cfg) if cfg.init_drafter else None
+    check_available(cfg)
     try:  # bad data is a refusal at start too: it loads before any weights
         dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
     except ValueError as e:
@@ -213,8 +215,12 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=tim
 
     metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl"))
     snapshots = JsonlWriter(os.path.join(cfg.run_dir, "snapshots.jsonl"))
-    profiler = Profiler(cfg.run_dir, cfg.profile_interval)
-    nvml = NvmlTelemetry(cfg.run_dir, cfg.profile_interval, sorted({target_device.index, drafter_device.index} - {None}))
+    profiler = Profiler(cfg.run_dir, cfg.profile_interval, log)
+    nvml = NvmlTelemetry(cfg.run_dir, cfg.telemetry_interval,
+                         sorted({target_device.index, drafter_device.index} - {None})).start(lambda: step)
+    if nvml.unavailable:
+        log(f"note: no GPU telemetry: {nvml.unavailable}")
+    wandb_run = WandbLog.open(cfg)
     train_s = train_s0  # training seconds at the start of the current step
     saved = {"step": step if resume_from else -1, "path": resume_from}
 
@@ -243,6 +249,8 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=tim
                "num_bad_steps": num_bad_total, "data_crc": window["crc"], "train_s": round(train_s, 3),
                "sequences": num_sequences, "time": time.time()}
         metrics.write(row)
+        if wandb_run is not None:
+            wandb_run.metrics(row)
         last_row.update(row)
         log(f"step {step} epoch {loader.epoch} loss {row['loss']:.4f} acc1 {acc[1]:.3f} tau {row['tau_proxy']:.3f} "
             f"tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} noise {amp:.4f} train {train_s:.1f} s")
@@ -341,8 +349,10 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=tim
         heartbeat.update(step=step, epoch=loader.epoch, loss=loss_value, tokens_per_s=tokens / max(elapsed, 1e-9))
         if step % cfg.log_interval == 0 or step == total_steps:
             write_metrics(lr, amp, float(grad_norm))
-        profiler.maybe_write(step)
-        nvml.maybe_write(step)
+        profiler.tokens += tokens
+        if profiler.maybe_write(step) is not None and wandb_run is not None:
+            wandb_run.profile(profiler.last_row)
+            wandb_run.gpus(step, nvml.latest)
         if step % cfg.checkpoint_interval == 0 and not stop.is_set():
             checkpoint()
 
@@ -355,7 +365,11 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=tim
     if saved["step"] != step:
         checkpoint()
     profiler.maybe_write(step, force=True)
-    for writer in (metrics, snapshots):
+    nvml.close()
+    if wandb_run is not None:
+        wandb_run.profile(profiler.last_row)
+        wandb_run.close()
+    for writer in (metrics, snapshots, profiler):
         writer.close()
     if stop.is_set():
         log(f"SIGTERM: stopped at step {step} after checkpointing")

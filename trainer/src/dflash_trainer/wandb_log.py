@@ -1,0 +1,86 @@
+"""Weights & Biases logging of the run's metrics, profile and NVML figures, when configured.
+
+On when --wandb-project is given or WANDB_PROJECT is set; off otherwise, and then `wandb` is never imported (it is
+the optional extra dflash_trainer[wandb]). One process of a job logs (the single process, or the first drafter rank
+under torchrun, which holds the metrics and reads every rank's profile from the job's store). The run goes under
+<run-dir>/wandb; WANDB_MODE=offline keeps it there with no network (`wandb sync` uploads it later). The API key is
+wandb's own business: it reads WANDB_API_KEY from the environment; the trainer never reads, passes or logs it.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+
+from dflash_trainer.config import StartupError, TrainConfig
+
+
+def wandb_project(cfg: TrainConfig) -> str | None:
+    return cfg.wandb_project or os.environ.get("WANDB_PROJECT") or None
+
+
+def check_available(cfg: TrainConfig) -> None:
+    """At start: configured but not installed is a refusal (StartupError), before weights load."""
+    if wandb_project(cfg) is None:
+        return
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise StartupError("Weights & Biases is configured (--wandb-project or WANDB_PROJECT) but the wandb package "
+                           "is not installed; pip install 'dflash_trainer[wandb]' or leave both unset") from None
+
+
+def _numbers(prefix: str, row: dict) -> dict:
+    """The numeric fields of a row (lists of numbers as one key per entry), under prefix/."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, bool) or key in ("time", "step", "rank", "gpu", "data_crc"):
+            continue
+        if isinstance(value, numbers.Number):
+            out[f"{prefix}/{key}"] = value
+        elif isinstance(value, dict):
+            out.update(_numbers(f"{prefix}/{key}", value))
+        elif isinstance(value, list) and all(isinstance(v, numbers.Number) for v in value):
+            out.update({f"{prefix}/{key}/{i}": v for i, v in enumerate(value)})
+    return out
+
+
+class WandbLog:
+    """One wandb run; every log call is keyed by the optimizer step (wandb drops steps that go back, so a
+    late row is logged at the newest step seen)."""
+
+    def __init__(self, run):
+        self.run = run
+        self._step = 0
+
+    @classmethod
+    def open(cls, cfg: TrainConfig, layout=None) -> "WandbLog | None":
+        project = wandb_project(cfg)
+        if project is None:
+            return None
+        import wandb
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        run = wandb.init(project=project, dir=cfg.run_dir, name=os.path.basename(os.path.normpath(cfg.run_dir)),
+                         config={**cfg.to_dict(), **({"world": layout} if layout else {})},
+                         # train.log already holds stdout: no second copy, no wrapped streams in the trainer
+                         settings=wandb.Settings(console="off"))
+        return cls(run)
+
+    def log(self, step: int, values: dict) -> None:
+        if not values:
+            return
+        self._step = max(self._step, int(step))
+        self.run.log(values, step=self._step)
+
+    def metrics(self, row: dict) -> None:
+        self.log(row["step"], _numbers("train", row))
+
+    def profile(self, row: dict, step: int | None = None) -> None:
+        prefix = f"profile/rank{row['rank']}" if "rank" in row else "profile"
+        self.log(row.get("step", 0) if step is None else step, _numbers(prefix, row))
+
+    def gpus(self, step: int, latest: dict) -> None:
+        self.log(step, {k: v for gpu, row in sorted(latest.items()) for k, v in _numbers(f"gpu/{gpu}", row).items()})
+
+    def close(self, exit_code: int = 0) -> None:
+        self.run.finish(exit_code=exit_code)

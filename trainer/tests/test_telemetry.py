@@ -1,0 +1,165 @@
+"""Telemetry of a run (telemetry.py, wandb_log.py): profile rows and log lines, NVML's absence said once, rows of
+several processes sharing a file, and Weights & Biases offline runs of a real dflash-train, one process and a 1 + 1
+gloo torchrun job, read back from the files wandb writes (with no network, and the API key in no file)."""
+
+import glob
+import json
+import multiprocessing
+import os
+import struct
+import sys
+
+import pytest
+
+from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd
+from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry
+
+STEPS = 5
+KEY = "k3y-of-this-test-never-on-disk-0123456789abcdef"  # 40+ characters, as a real W&B key
+
+
+def _append_rows(path, who, count):
+    writer = JsonlWriter(path)
+    for i in range(count):
+        writer.write({"who": who, "i": i, "pad": "x" * 3000})  # rows larger than a line buffer
+    writer.close()
+
+
+def test_rows_of_several_processes_in_one_file_stay_whole(tmp_path):
+    path = str(tmp_path / "profile.jsonl")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_rows, args=(path, who, 300)) for who in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    rows = [json.loads(line) for line in open(path)]
+    assert sorted((r["who"], r["i"]) for r in rows) == [(w, i) for w in range(4) for i in range(300)]
+
+
+def test_without_nvml_telemetry_says_why_and_writes_nothing(tmp_path):
+    nvml = NvmlTelemetry(str(tmp_path), 0.01, [], rank=0).start(lambda: 3)
+    if not nvml.unavailable:
+        nvml.close()
+        pytest.skip("NVML answers on this machine: the absent case cannot be shown here")
+    assert "NVML" in nvml.unavailable or "nvidia-ml-py" in nvml.unavailable
+    assert nvml.read(3) == [] and nvml.latest == {}
+    nvml.close()
+    assert not os.path.exists(tmp_path / "telemetry.jsonl")
+
+
+def wandb_history(run_dir):
+    """{step: {key: value}} of the one offline W&B run under <run_dir>/wandb.
+
+    wandb has no public reader of its .wandb files, so this reads the format they are in: wandb's 7-byte header
+    (":W&B", magic, version), then LevelDB's log format (32 KiB blocks of chunks, each with a 7-byte header:
+    crc32, length, type FULL/FIRST/MIDDLE/LAST), each record a wandb_internal_pb2.Record."""
+    from wandb.proto import wandb_internal_pb2
+    [path] = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b":W&B", path
+    block, pos, pending, history = 32768, 7, b"", {}
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a chunk header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            pos += left
+            continue
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a record is complete
+            record = wandb_internal_pb2.Record.FromString(pending)
+            pending = b""
+            if record.HasField("history"):
+                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                       for item in record.history.item}
+                history.setdefault(row["_step"], {}).update(row)
+    return history
+
+
+def assert_key_nowhere(*paths):
+    for root in paths:
+        files = [root] if os.path.isfile(root) else [os.path.join(d, n) for d, _, names in os.walk(root)
+                                                       for n in names]
+        for path in files:
+            if not os.path.islink(path):
+                with open(path, "rb") as f:
+                    assert KEY.encode() not in f.read(), f"the W&B key is in {path}"
+
+
+def wandb_env(tmp_path):
+    # no network: offline, and a proxy that cannot be reached should anything still try
+    return {"WANDB_MODE": "offline", "WANDB_PROJECT": "dflash-test", "WANDB_API_KEY": KEY,
+            "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+            "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "DFLASH_PROFILE_INTERVAL": "0"}
+
+
+def test_one_process_run_logs_profile_and_an_offline_wandb_run(tiny, tmp_path):
+    pytest.importorskip("wandb")
+    out, log = tmp_path / "out", tmp_path / "train.log"
+    proc = start(train_cmd(tiny, out, "--max-steps", str(STEPS)), log, env=wandb_env(tmp_path))
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        assert text.count("note: no GPU telemetry:") == 1
+    profile = [json.loads(line) for line in open(out / "profile.jsonl")]
+    assert [r["step"] for r in profile][:STEPS] == list(range(1, STEPS + 1))
+    assert {"data", "target", "drafter_fwd_bwd", "optimizer"} <= set(profile[-1]["seconds"])
+    assert profile[-1]["tokens_per_s"] > 0
+    assert text.count("profile: step ") == len(profile)
+    metrics = read_metrics(out)
+    history = wandb_history(out)
+    assert sorted(history) == [r["step"] for r in metrics] == list(range(1, STEPS + 1))
+    for row in metrics:
+        assert history[row["step"]]["train/loss"] == pytest.approx(row["loss"])
+    assert history[STEPS]["profile/seconds/target"] == profile[-1]["seconds"]["target"]
+    assert_key_nowhere(str(tmp_path))
+
+
+def test_torchrun_job_logs_every_ranks_profile_and_one_offline_wandb_run(tiny, tmp_path):
+    pytest.importorskip("wandb")
+    out, log = tmp_path / "out", tmp_path / "train.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "dflash_trainer.cli", *train_cmd(tiny, out, "--target-ranks", "1", "--max-steps", str(STEPS),
+                                                  "--hs-queue-depth", "3", "--hs-queue-min-ready", "2")[3:]]
+    proc = start(cmd, log, env=wandb_env(tmp_path))
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        assert text.count("note: no GPU telemetry:") == 1  # rank 0 says it for the job
+    profile = [json.loads(line) for line in open(out / "profile.jsonl")]
+    last = {r["rank"]: r for r in profile if r.get("done")}
+    assert sorted(last) == [0, 1]
+    assert {"data", "target", "send", "transfer"} <= set(last[0]["seconds"]) and last[0]["role"] == "target"
+    assert {"queue_wait", "drafter_fwd_bwd", "optimizer"} <= set(last[1]["seconds"]) and "queue_depth" in last[1]
+    assert all(last[r]["tokens_per_s"] > 0 for r in (0, 1))
+    assert "profile: rank 1 drafter step 5" in text  # the last row of each rank reaches the log
+    assert len(glob.glob(str(out / "wandb" / "offline-run-*"))) == 1  # one rank logs
+    history = wandb_history(out)
+    metrics = read_metrics(out)
+    assert sorted(history) == [r["step"] for r in metrics] == list(range(1, STEPS + 1))
+    for row in metrics:
+        assert history[row["step"]]["train/loss"] == pytest.approx(row["loss"])
+    assert history[STEPS]["profile/rank1/tokens"] == last[1]["tokens"]
+    assert history[STEPS]["profile/rank0/items"] == last[0]["items"]
+    assert read_heartbeat(out)["phase"] == "finished"
+    assert_key_nowhere(str(tmp_path))
+
+
+def test_wandb_configured_but_not_installed_is_refused_before_weights_load(tiny, tmp_path):
+    shadow = tmp_path / "no-wandb"
+    shadow.mkdir()
+    (shadow / "wandb.py").write_text("raise ImportError('wandb is not installed here')\n")
+    out, log = tmp_path / "out", tmp_path / "train.log"
+    env = {"PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
+    proc = start(train_cmd(tiny, out, "--max-steps", "1", "--wandb-project", "p"), log, env=env)
+    assert proc.wait(timeout=120) == 2, log.read_text()[-3000:]
+    assert "pip install 'dflash_trainer[wandb]'" in log.read_text()
+    hb = read_heartbeat(out)
+    assert hb["phase"] == "failed" and "wandb" in hb["error"]
+    assert not os.path.exists(out / "checkpoints")
