@@ -43,7 +43,8 @@ def test_export_keys_and_config(tiny, tmp_path):
         assert field in config, field
     assert config["hidden_size"] == 64 and config["num_hidden_layers"] == 2 and config["vocab_size"] == 512
     assert config["num_target_layers"] == 8 and config["block_size"] == 4
-    assert config["dflash_config"] == {"mask_token_id": 511, "target_layer_ids": [1, 3, 5], "block_size": 4}
+    assert config["dflash_config"] == {"mask_token_id": 511, "mask_token": "<|MASK|>", "target_layer_ids": [1, 3, 5],
+                                       "block_size": 4}
 
 
 def test_export_round_trip_identical_logits(tiny, tmp_path):
@@ -66,3 +67,38 @@ def test_export_cli_refuses_bad_checkpoint(tiny, tmp_path):
     from dflash_trainer.export import main
     assert main(["--checkpoint", str(tmp_path), "--target-model", tiny["target"], "--out", str(tmp_path / "x")]) == 2
     assert not os.path.exists(tmp_path / "x" / "config.json")
+
+
+def test_export_engine_fields(tiny, tmp_path):
+    """The fields issue 19 names: both tap conventions, the mask token's string, dtype, auto_map, files."""
+    _checkpoint(tiny, tmp_path)
+    export_checkpoint(str(tmp_path / "out"), tiny["target"], str(tmp_path / "export"))
+    config = json.load(open(tmp_path / "export" / "config.json"))
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 6]  # target_layer_ids [1, 3, 5] + 1
+    assert config["dflash_config"]["mask_token"] == "<|MASK|>"  # added_tokens.json of the tiny target
+    assert config["dtype"] == "bfloat16" and config["layer_types"] == ["full_attention"] * 2
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    assert "rope_scaling" not in config
+    module, cls = config["auto_map"]["AutoModel"].split(".")
+    assert (tmp_path / "export" / f"{module}.py").is_file() and cls == "DFlashDraftModel"
+
+
+def test_export_loads_with_transformers_alone(tiny, tmp_path, monkeypatch):
+    """AutoModel.from_pretrained(export, trust_remote_code=True) gives the drafter's logits exactly."""
+    from transformers import AutoModel
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target, drafter = _checkpoint(tiny, tmp_path)
+    export_checkpoint(str(tmp_path / "out"), tiny["target"], str(tmp_path / "e"), dtype="float32")
+    model = AutoModel.from_pretrained(str(tmp_path / "e"), trust_remote_code=True, local_files_only=True,
+                                      dtype=torch.float32).eval()
+    assert type(model).__module__ != "dflash_trainer.modeling_dflash"  # the copy beside the weights
+    ids = torch.randint(0, 500, (1, 20))
+    taps, _ = target(ids)
+    block = torch.tensor([[ids[0, -1].item(), 511, 511, 511]])
+    pos = torch.arange(20, 24)[None]
+    mask = torch.ones(1, 1, 4, 24, dtype=torch.bool)
+    with torch.no_grad():
+        ours = drafter.eval().logits(drafter(taps, block, pos, mask))
+        hidden = model(torch.cat(taps, dim=-1), drafter.embed_tokens(block), pos)
+        theirs = hidden @ target.lm_head_weight().T
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)

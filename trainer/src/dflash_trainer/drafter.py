@@ -15,6 +15,7 @@ H hidden, K taps, nh/nkv query/key-value heads, d head dim.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from dataclasses import dataclass
 
@@ -43,6 +44,10 @@ class DrafterConfig:
     max_position_embeddings: int = 40960
     split_fc_layers: bool = False
     """Apply fc per tap and sum (DFLASH_SPLIT_FC_LAYERS=1). Identical math; saves the K*H concat."""
+    rope_parameters: dict | None = None
+    """The target's transformers-5 `rope_parameters` when they are anything but plain full-head default RoPE
+    (scaling such as llama3/yarn/linear/dynamic, partial_rotary_factor); None means plain RoPE at rope_theta.
+    Training applies exactly these, so the export declares what the weights learned."""
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -69,8 +74,10 @@ class DrafterConfig:
                     mask_token_id: int, split_fc_layers: bool = False) -> "DrafterConfig":
         """Layer shapes copied from the target (a HF PretrainedConfig), so the drafter lives in its space."""
         c = getattr(target_config, "text_config", target_config)
-        rope = getattr(c, "rope_parameters", None) or {}
+        rope = dict(getattr(c, "rope_parameters", None) or {})
         rope_theta = rope.get("rope_theta", getattr(c, "rope_theta", 1_000_000.0))
+        if getattr(c, "partial_rotary_factor", None) is not None:
+            rope.setdefault("partial_rotary_factor", c.partial_rotary_factor)
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return cls(hidden_size=c.hidden_size, num_hidden_layers=num_layers,
                    num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
@@ -78,7 +85,7 @@ class DrafterConfig:
                    target_layer_ids=list(target_layer_ids), num_target_layers=c.num_hidden_layers,
                    block_size=block_size, mask_token_id=mask_token_id, rms_norm_eps=c.rms_norm_eps,
                    rope_theta=float(rope_theta), max_position_embeddings=c.max_position_embeddings,
-                   split_fc_layers=split_fc_layers)
+                   split_fc_layers=split_fc_layers, rope_parameters=special_rope(rope))
 
 
 class RMSNorm(nn.Module):
@@ -94,15 +101,63 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [B, N] -> cos, sin [B, 1, N, d] (HF Qwen3 layout: the two halves repeat the frequencies)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+def special_rope(rope: dict) -> dict | None:
+    """The rope_parameters worth keeping: None for plain full-head default RoPE (the drafter's historical
+    path, so such configs and checkpoints stay equal to earlier ones), else the dict with JSON-safe values."""
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default" and float(rope.get("partial_rotary_factor", 1.0)) == 1.0:
+        return None
+    return {k: v for k, v in rope.items() if k != "type"} | {"rope_type": rope_type}
+
+
+def rope_inv_freq(cfg: DrafterConfig, seq_len: int, device) -> tuple[torch.Tensor, float]:
+    """(inv_freq [rotary_dim/2], attention scaling) from transformers' own ROPE_INIT_FUNCTIONS, so every rope
+    type means what it means in the target; `seq_len` feeds the types that depend on it (dynamic, longrope)."""
+    rope = dict(cfg.rope_parameters)
+    rope.setdefault("rope_theta", cfg.rope_theta)
+    rotary_dim = int(cfg.head_dim * rope.get("partial_rotary_factor", 1.0))
+    if rope["rope_type"] == "default":  # transformers keeps this one on each model class; it is one line
+        inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+        return inv_freq.to(device), 1.0
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope["rope_type"] not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"rope_type {rope['rope_type']!r} is not one transformers knows "
+                         f"({', '.join(sorted(ROPE_INIT_FUNCTIONS))}); fix the target's rope_parameters")
+    config = Qwen3Config(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+                         head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings,
+                         rope_parameters=rope)
+    needs_len = rope["rope_type"] in ("dynamic", "longrope")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, device,
+                                                               **({"seq_len": seq_len} if needs_len else {}))
+    return inv_freq.to(device=device, dtype=torch.float32), float(scaling)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                 cfg: DrafterConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, N] -> cos, sin [B, 1, N, r] (HF layout: the two halves repeat the frequencies); r = d
+    unless cfg.rope_parameters rotate only part of each head. cfg None or without rope_parameters: plain RoPE."""
+    if cfg is None or cfg.rope_parameters is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+                                     / head_dim))
+        scaling = 1.0
+    else:
+        inv_freq, scaling = rope_inv_freq(cfg, int(positions.max()) + 1 if positions.numel() else 1,
+                                          positions.device)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos()[:, None], emb.sin()[:, None]
+    if scaling == 1.0:
+        return emb.cos()[:, None], emb.sin()[:, None]
+    return (emb.cos() * scaling)[:, None], (emb.sin() * scaling)[:, None]  # yarn/longrope's attention factor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style rotation of the first cos.shape[-1] channels of each head; the rest pass through
+    (partial_rotary_factor < 1, as transformers and the engines apply it)."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
@@ -115,8 +170,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
     if torch.compiler.is_compiling():  # inside a compiled layer: dynamo fuses the raw op itself
         from torch.nn.attention.flex_attention import flex_attention
         return flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
-    from dflash_trainer.blocks import compiled_flex_attention
-    return compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True)
+    # imported by name: the export ships a copy of this file for trust_remote_code, and transformers refuses a
+    # remote file whose `import` lines name a package (the trainer) that the loading machine may lack
+    blocks = importlib.import_module("dflash_trainer.blocks")
+    return blocks.compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True)
 
 
 class DFlashAttention(nn.Module):
@@ -218,31 +275,41 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"drafter weights do not match the config: missing {missing}, unexpected {unexpected}")
 
     def context(self, taps: list[torch.Tensor]) -> torch.Tensor:
-        """K tapped features [B, T, H] each -> c [B, T, H] = hidden_norm(fc(concat taps))."""
-        if self.cfg.split_fc_layers:
-            H = self.cfg.hidden_size
-            w = self.fc.weight
-            c = sum(F.linear(t, w[:, i * H:(i + 1) * H]) for i, t in enumerate(taps))
-        else:
-            c = self.fc(torch.cat(taps, dim=-1))
-        return self.hidden_norm(c)
+        return context_vector(self, taps)
 
     def forward(self, taps: list[torch.Tensor], block_ids_BQ: torch.Tensor, block_pos_BQ: torch.Tensor,
                 mask) -> torch.Tensor:
         """Returns the final-normed hidden states of the block slots [B, Q, H]; the head is in loss.py."""
-        c = self.context(taps)
-        B, T, _ = c.shape
-        ctx_pos = torch.arange(T, device=c.device).expand(B, T)
-        rope_q = rope_cos_sin(block_pos_BQ, self.cfg.head_dim, self.cfg.rope_theta)
-        rope_kv = rope_cos_sin(torch.cat([ctx_pos, block_pos_BQ], dim=1), self.cfg.head_dim, self.cfg.rope_theta)
-        x = self.embed_tokens(block_ids_BQ)
-        for layer in self.layers:
-            x = layer(x, c, rope_q, rope_kv, mask)
-        return self.norm(x)
+        return draft_hidden(self, self.context(taps), self.embed_tokens(block_ids_BQ), block_pos_BQ, mask)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full logits: for small inputs only (tests, evaluation). Training uses the chunked loss."""
         return self.lm_head(hidden.to(self.lm_head.weight.dtype))
+
+
+def context_vector(m, taps: list[torch.Tensor]) -> torch.Tensor:
+    """K tapped features [B, T, H] each -> c [B, T, H] = hidden_norm(fc(concat taps)). `m` has cfg, fc,
+    hidden_norm: the drafter, or the export's transformers model (modeling_dflash.py), which share this code."""
+    if m.cfg.split_fc_layers:
+        H = m.cfg.hidden_size
+        w = m.fc.weight
+        c = sum(F.linear(t, w[:, i * H:(i + 1) * H]) for i, t in enumerate(taps))
+    else:
+        c = m.fc(torch.cat(taps, dim=-1))
+    return m.hidden_norm(c)
+
+
+def draft_hidden(m, c: torch.Tensor, x: torch.Tensor, block_pos_BQ: torch.Tensor, mask) -> torch.Tensor:
+    """Context c [B, T, H] and embedded block x [B, Q, H] -> final-normed block hidden states [B, Q, H].
+    `m` has cfg, layers, norm (see context_vector)."""
+    B, T, _ = c.shape
+    ctx_pos = torch.arange(T, device=c.device).expand(B, T)
+    # one table for keys and queries, so a length-dependent rope (dynamic) uses one length for both
+    rope_kv = rope_cos_sin(torch.cat([ctx_pos, block_pos_BQ], dim=1), m.cfg.head_dim, m.cfg.rope_theta, m.cfg)
+    rope_q = tuple(t[:, :, T:] for t in rope_kv)
+    for layer in m.layers:
+        x = layer(x, c, rope_q, rope_kv, mask)
+    return m.norm(x)
 
 
 def config_to_json(cfg: DrafterConfig) -> str:

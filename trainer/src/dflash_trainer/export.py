@@ -3,9 +3,9 @@
 
     dflash-export --checkpoint OUTPUT_DIR/checkpoints/step-N --target-model TARGET_DIR --out EXPORT_DIR
 
---checkpoint may also be an --output-dir (its `latest` is used). The export holds config.json and
+--checkpoint may also be an --output-dir (its `latest` is used). The export holds config.json,
 model.safetensors with keys without prefix and without embed_tokens/lm_head (the engine borrows the
-target's). load_exported_drafter() rebuilds the drafter from such a directory (tests, evaluation).
+target's), and modeling_dflash.py + drafter.py for AutoModel.from_pretrained(..., trust_remote_code=True). load_exported_drafter() rebuilds the drafter from such a directory (tests, evaluation).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -20,17 +21,30 @@ from safetensors.torch import load_file, save_file
 
 from dflash_trainer.checkpoint import find_latest, load_checkpoint
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.modeling_dflash import drafter_config_from_export
 
-# Qwen3 fields copied from the target when present, so engines see the target's conventions.
-_COPIED_TARGET_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_scaling", "initializer_range")
+# Fields copied from the target when present, so engines see the target's conventions. Never its rope scaling:
+# the drafter's own rope_parameters (what it trained with) are written instead.
+_COPIED_TARGET_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range")
+# Files beside the weights that make the export load with transformers alone (trust_remote_code).
+MODELING_FILES = ("modeling_dflash.py", "drafter.py")
+AUTO_MAP = {"AutoModel": "modeling_dflash.DFlashDraftModel"}
 
 
-def export_config(cfg: DrafterConfig, target_config: dict, dtype: str) -> dict:
+def export_config(cfg: DrafterConfig, target_config: dict, dtype: str, mask_token: str | None = None) -> dict:
+    """config.json: every field SGLang and vLLM read (tests/test_engine_conformance.py cites where)."""
     text = target_config.get("text_config", target_config)
     L = cfg.num_hidden_layers
+    rope = dict(cfg.rope_parameters or {"rope_type": "default"})
+    rope.setdefault("rope_theta", cfg.rope_theta)
+    dflash = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
+              "block_size": cfg.block_size}
+    if mask_token is not None:
+        dflash["mask_token"] = mask_token
     config = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
+        "auto_map": dict(AUTO_MAP),
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": L,
         "num_attention_heads": cfg.num_attention_heads,
@@ -39,6 +53,7 @@ def export_config(cfg: DrafterConfig, target_config: dict, dtype: str) -> dict:
         "intermediate_size": cfg.intermediate_size,
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta,
+        "rope_parameters": rope,
         "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.max_position_embeddings,
         "hidden_act": "silu",
@@ -50,16 +65,46 @@ def export_config(cfg: DrafterConfig, target_config: dict, dtype: str) -> dict:
         "max_window_layers": L,
         "layer_types": ["full_attention"] * L,
         "use_cache": True,
+        "dtype": dtype,
         "torch_dtype": dtype,
         "num_target_layers": cfg.num_target_layers,
         "block_size": cfg.block_size,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
-                          "block_size": cfg.block_size},
+        "dflash_config": dflash,
+        # vLLM's convention: the aux hidden state of layer i is captured at its input, i.e. after layer i - 1,
+        # so the output of target layer id is aux id + 1 (vLLM derives the same from dflash_config when this
+        # is absent; older versions read only this and sized fc from num_hidden_layers without it).
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
     }
+    if rope.get("rope_type") != "default":  # transformers-4-era readers look for the scaling here
+        config["rope_scaling"] = rope
+    if "partial_rotary_factor" in rope:
+        config["partial_rotary_factor"] = rope["partial_rotary_factor"]
     for key in _COPIED_TARGET_FIELDS:
         if key in text and text[key] is not None:
             config[key] = text[key]
     return config
+
+
+def mask_token_string(target_model: str, mask_token_id: int) -> str | None:
+    """The token string of mask_token_id in the target's tokenizer files (SGLang checks the id against it)."""
+    added = os.path.join(target_model, "added_tokens.json")
+    if os.path.isfile(added):
+        with open(added) as f:
+            for text, token_id in json.load(f).items():
+                if int(token_id) == mask_token_id:
+                    return text
+    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
+        path = os.path.join(target_model, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            entries = json.load(f).get(key) or []
+        if isinstance(entries, dict):  # tokenizer_config: {"id": {"content": ...}}
+            entries = [dict(v, id=int(k)) for k, v in entries.items()]
+        for entry in entries:
+            if int(entry.get("id", -1)) == mask_token_id and entry.get("content"):
+                return entry["content"]
+    return None
 
 
 def export_checkpoint(checkpoint: str, target_model: str, out_dir: str, dtype: str = "bfloat16") -> str:
@@ -77,21 +122,13 @@ def export_checkpoint(checkpoint: str, target_model: str, out_dir: str, dtype: s
     os.makedirs(out_dir, exist_ok=True)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in model_state.items()}
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    mask_token = mask_token_string(target_model, cfg.mask_token_id)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(export_config(cfg, target_config, dtype), f, indent=2)
+        json.dump(export_config(cfg, target_config, dtype, mask_token), f, indent=2)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in MODELING_FILES:
+        shutil.copyfile(os.path.join(here, name), os.path.join(out_dir, name))
     return path
-
-
-def drafter_config_from_export(config: dict) -> DrafterConfig:
-    d = config["dflash_config"]
-    return DrafterConfig(
-        hidden_size=config["hidden_size"], num_hidden_layers=config["num_hidden_layers"],
-        num_attention_heads=config["num_attention_heads"], num_key_value_heads=config["num_key_value_heads"],
-        head_dim=config["head_dim"], intermediate_size=config["intermediate_size"],
-        vocab_size=config["vocab_size"], target_layer_ids=list(d["target_layer_ids"]),
-        num_target_layers=config["num_target_layers"], block_size=d["block_size"],
-        mask_token_id=d["mask_token_id"], rms_norm_eps=config["rms_norm_eps"], rope_theta=config["rope_theta"],
-        max_position_embeddings=config["max_position_embeddings"])
 
 
 def load_exported_drafter(export_dir: str, target_model: str | None = None, device="cpu",

@@ -1,0 +1,107 @@
+"""RoPE as the target's config says: every rope type and partial_rotary_factor, checked against the
+target model's own rotary embedding and rotation (transformers), and carried through training and export."""
+
+import json
+
+import pytest
+import torch
+
+from dflash_trainer.blocks import block_inputs, dense_block_mask
+from dflash_trainer.drafter import DFlashDrafter, DrafterConfig, apply_rope, rope_cos_sin
+
+ROPES = {
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    "yarn-quarter": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                     "original_max_position_embeddings": 64, "partial_rotary_factor": 0.25},
+}
+MAX_POS = 128
+
+
+def _qwen3(rope):
+    from transformers import Qwen3Config
+    return Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       max_position_embeddings=MAX_POS, rope_parameters=dict(rope))
+
+
+def _qwen3_next_quarter():
+    """The seed's family: default RoPE on a quarter of each head (Qwen3-Next / Qwen3.5)."""
+    from transformers import Qwen3NextConfig
+    return Qwen3NextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           max_position_embeddings=MAX_POS, partial_rotary_factor=0.25,
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def _targets():
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRotaryEmbedding
+    from transformers.models.qwen3_next.modeling_qwen3_next import apply_rotary_pos_emb as next_apply
+    out = {name: (_qwen3(r), Qwen3RotaryEmbedding, next_apply) for name, r in ROPES.items()}
+    out["default-quarter"] = (_qwen3_next_quarter(), Qwen3NextRotaryEmbedding, next_apply)
+    return out
+
+
+def _drafter_cfg(target_config):
+    return DrafterConfig.from_target(target_config, 1, [1, 3, 5], block_size=4, mask_token_id=511)
+
+
+@pytest.mark.parametrize("name", [*ROPES, "default-quarter"])
+def test_rope_matches_target(name):
+    config, rotary_cls, hf_apply = _targets()[name]
+    cfg = _drafter_cfg(config)
+    assert cfg.rope_parameters is not None and cfg.rope_parameters["rope_type"] == config.rope_parameters["rope_type"]
+    # past the original length, so length-dependent types (dynamic) and scaled ones differ from plain RoPE
+    positions = torch.arange(0, 200)[None]  # MAX_POS is 128
+    x = torch.zeros(1, 1, 200, 16)
+    hf_cos, hf_sin = rotary_cls(config)(x, positions)
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg)
+    torch.testing.assert_close(cos[:, 0], hf_cos, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sin[:, 0], hf_sin, rtol=1e-5, atol=1e-5)
+    plain_cos, _ = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+    assert plain_cos.shape != cos.shape or not torch.allclose(plain_cos, cos), "the type changed nothing"
+    # the rotation itself, partial heads included, equals the target family's apply_rotary_pos_emb
+    q, k = torch.randn(1, 4, 200, 16), torch.randn(1, 2, 200, 16)
+    hf_q, hf_k = hf_apply(q, k, hf_cos, hf_sin)
+    torch.testing.assert_close(apply_rope(q, cos, sin), hf_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(apply_rope(k, cos, sin), hf_k, rtol=1e-5, atol=1e-5)
+    if name.endswith("quarter"):
+        assert cos.shape[-1] == 4 and torch.equal(apply_rope(q, cos, sin)[..., 4:], q[..., 4:])
+
+
+def test_default_rope_keeps_no_rope_parameters(tiny):
+    """Plain RoPE stays on the historical path: config equal to earlier checkpoints', same numbers."""
+    from transformers import AutoConfig
+    cfg = _drafter_cfg(AutoConfig.from_pretrained(tiny["target"]))
+    assert cfg.rope_parameters is None
+    assert DrafterConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "rope_parameters"}) == cfg
+
+
+@pytest.mark.parametrize("name", ["llama3", "default-quarter"])
+def test_training_forward_uses_target_rope_and_export_declares_it(name, tmp_path):
+    """The drafter's forward (the one training runs) applies the target's rope; the export says so."""
+    from dflash_trainer.export import export_config
+    config = _targets()[name][0]
+    cfg = _drafter_cfg(config)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg).eval()
+    plain = DFlashDrafter(DrafterConfig.from_dict(cfg.to_dict() | {"rope_parameters": None})).eval()
+    plain.load_state_dict(drafter.state_dict())
+    ids = torch.randint(0, 500, (1, 90))
+    taps = [torch.randn(1, 90, 64) for _ in range(3)]
+    anchors, valid = torch.tensor([[10, 80]]), torch.ones(1, 2, dtype=torch.bool)
+    block_ids, pos = block_inputs(ids, anchors, 4, 511)
+    mask = dense_block_mask(anchors, valid, 90, 4)
+    with torch.no_grad():
+        assert not torch.allclose(drafter(taps, block_ids, pos, mask), plain(taps, block_ids, pos, mask))
+    exported = export_config(cfg, json.loads(config.to_json_string()), "bfloat16")
+    declared = exported["rope_parameters"]
+    for key, value in cfg.rope_parameters.items():
+        assert declared[key] == value, key
+    assert declared["rope_type"] == config.rope_parameters["rope_type"]
+    expected_factor = config.rope_parameters.get("partial_rotary_factor", 1.0)
+    assert exported.get("partial_rotary_factor", 1.0) == expected_factor
