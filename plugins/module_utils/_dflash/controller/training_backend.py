@@ -13,6 +13,8 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.argument_spec i
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.lifecycle_shipping import (
     call_in_container)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.remote_tmp_leftovers import (
+    remove_leftovers)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.run_config import build_request
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import (
     ContainerNotRunning, Transport, transport_argument_spec)
@@ -59,6 +61,11 @@ def argument_spec():
 
 def manage_run(module):
     p = module.params
+    # Before anything else: an interrupted play may have left this module's copy, secrets included, on the host.
+    leftovers = remove_leftovers(getattr(module, "_remote_tmp", None))
+    if leftovers:
+        module.warn("removed %d module temp dir(s) left on this host by an interrupted play (they held the run's "
+                    "arguments, secret_env included): %s" % (len(leftovers), ", ".join(leftovers)))
     try:
         request = build_request(p, check_mode=module.check_mode, diff=getattr(module, "_diff", False))
         transport = Transport.from_params(p)

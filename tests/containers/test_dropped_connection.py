@@ -1,0 +1,123 @@
+"""A connection dropped mid-play (issue 20): where the module's copy with the secrets may stay on the Proxmox host.
+
+Through the real chain (ansible-playbook -> the harness sshd -> pct -> LXC); the drop kills the sshd's session
+processes while training_run runs. Without pipelining (ssh -tt) Ansible copies the module, arguments and
+secret_env included, into <remote_tmp>/ansible-tmp-*/ and the cut-off play cannot remove it: the next
+training_run names it in a warning and removes it. With pipelining the module travels on stdin and no copy
+ever exists. Each test uses a remote_tmp of its own (ANSIBLE_REMOTE_TMP) so that concurrent plays do not mix.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.fixtures import FAKE_TRAINER_CT, run_playbook
+
+pytestmark = pytest.mark.containers
+REPO = Path(__file__).resolve().parents[2]
+PLAY = REPO / "tests/containers/playbooks/training_run.yml"
+INVENTORY = REPO / "inventories/harness/hosts.yml"
+SECRET = "dropped-s3cr3t-7f1c"
+MIN_AGE_S = 15  # remote_tmp_leftovers.MIN_AGE_S: a younger copy may be a concurrent play's about to start
+
+
+def module_copies(remote_tmp):
+    return sorted(p.parent for p in Path(remote_tmp).glob("ansible-tmp-*/AnsiballZ_training_run.py"))
+
+
+def holders(remote_tmp):
+    """Pids of the processes running a module from remote_tmp (their command line names it)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and remote_tmp.encode() in (d / "cmdline").read_bytes():
+                found.append(int(d.name))
+        except OSError:
+            pass
+    return found
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def drop_mid_play(env, sshd, ct, name, pipelining, seen):
+    """Starts a restart with a secret, drops the ssh sessions while the module runs; returns (rc, output).
+    `seen` collects every module copy found under remote_tmp while the play runs."""
+    args = {"name": name, "command": ["python3", FAKE_TRAINER_CT], "settle_time": 5, "heartbeat_timeout": 20,
+            "stop_timeout": 10, "gpu_release_timeout": 5, "secret_env": {"API_KEY": SECRET}}
+    cmd = ["ansible-playbook", "-i", str(INVENTORY), str(PLAY), "-e", json.dumps({"tr": args}),
+           "-e", json.dumps({"ansible_ssh_pipelining": pipelining})]
+    p = subprocess.Popen(cmd, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def launched():
+            seen.update(module_copies(env["ANSIBLE_REMOTE_TMP"]))
+            return ct.pids("fake_trainer")
+        wait_for(launched, 60, "the launch")
+        # The link is lost: the host's sshd stops (no reconnection, so Ansible cannot clean up), and the session's
+        # processes end with it, the module's own included (killed first: alone, the remote shell would go on to
+        # remove the copy itself, which a real hangup does not let it do).
+        kids = sshd.children()
+        assert kids, "no ssh session to drop"
+        os.kill(sshd.pid, signal.SIGKILL)
+        sshd.proc.wait()
+        for pid in holders(env["ANSIBLE_REMOTE_TMP"]) + kids:  # ours, by pid
+            subprocess.run(["kill", "-KILL", str(pid)], check=False)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        sshd.start()  # the same port and keys: the host is back
+    return p.returncode, out
+
+
+@pytest.fixture
+def env(harness_env, tmp_path):  # `play` in a test puts ansible-playbook on PATH for run_playbook
+    remote_tmp = tmp_path / "remote_tmp"
+    remote_tmp.mkdir()
+    return dict(harness_env, ANSIBLE_REMOTE_TMP=str(remote_tmp))
+
+
+def test_without_pipelining_the_next_run_removes_the_interrupted_copy(env, play, sshd, ct200):
+    seen = set()
+    rc, out = drop_mid_play(env, sshd, ct200, "dropped-tt", False, seen)
+    assert rc != 0, out[-2000:]
+    left = module_copies(env["ANSIBLE_REMOTE_TMP"])
+    assert left, f"no module copy left by the cut-off play (seen while it ran: {seen})\n{out[-2000:]}"
+    youngest = max(p.stat().st_mtime for p in left)
+    time.sleep(max(0.0, youngest + MIN_AGE_S + 1 - time.time()))
+
+    r = run_playbook(env, PLAY, {"tr": {"name": "dropped-tt", "state": "status"}})
+    st = r.task("Training run")
+    assert st["alive"] is True, st  # the restart completed in the container although the play was cut off
+    warnings = " ".join(st.get("warnings", []))
+    for path in left:
+        assert str(path) in warnings, warnings
+        assert not path.exists()
+    assert "interrupted play" in warnings and "secret_env" in warnings
+    assert module_copies(env["ANSIBLE_REMOTE_TMP"]) == []
+    # A completed play leaves no copy either.
+    assert not any(SECRET in p.read_text(errors="replace") for p in Path(env["ANSIBLE_REMOTE_TMP"]).rglob("*")
+                   if p.is_file())
+
+
+def test_with_pipelining_no_copy_ever_touches_the_host(env, play, sshd, ct200):
+    seen = set()
+    rc, out = drop_mid_play(env, sshd, ct200, "dropped-pipe", True, seen)
+    assert rc != 0, out[-2000:]
+    assert seen == set() and module_copies(env["ANSIBLE_REMOTE_TMP"]) == []
+    assert [p for p in Path(env["ANSIBLE_REMOTE_TMP"]).rglob("*") if p.is_file()] == []
+    r = run_playbook(env, PLAY, {"tr": {"name": "dropped-pipe", "state": "status"}}, cmdline="-e ansible_ssh_pipelining=true")
+    st = r.task("Training run")
+    assert st["alive"] is True and not st.get("warnings"), st
