@@ -51,13 +51,17 @@ def wait_for(pred, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def drop_mid_play(env, sshd, ct, name, pipelining, seen):
-    """Starts a restart with a secret, drops the ssh sessions while the module runs; returns (rc, output).
-    `seen` collects every module copy found under remote_tmp while the play runs."""
+def module_play(name):
+    """training_run alone, restarting `name` with a secret; it waits 5 s after the launch (settle_time)."""
     args = {"name": name, "command": ["python3", FAKE_TRAINER_CT], "settle_time": 5, "heartbeat_timeout": 20,
             "stop_timeout": 10, "gpu_release_timeout": 5, "secret_env": {"API_KEY": SECRET}}
-    cmd = ["ansible-playbook", "-i", str(INVENTORY), str(PLAY), "-e", json.dumps({"tr": args}),
-           "-e", json.dumps({"ansible_ssh_pipelining": pipelining})]
+    return [str(PLAY), "-e", json.dumps({"tr": args})]
+
+
+def drop_mid_play(env, sshd, ct, play_args, pipelining, seen):
+    """Runs ansible-playbook, drops the ssh link once the trainer is launched; returns (rc, output).
+    `seen` collects every module copy found under remote_tmp while the play runs."""
+    cmd = ["ansible-playbook", "-i", str(INVENTORY), *play_args, "-e", json.dumps({"ansible_ssh_pipelining": pipelining})]
     p = subprocess.Popen(cmd, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def launched():
@@ -91,7 +95,7 @@ def env(harness_env, tmp_path):  # `play` in a test puts ansible-playbook on PAT
 
 def test_without_pipelining_the_next_run_removes_the_interrupted_copy(env, play, sshd, ct200):
     seen = set()
-    rc, out = drop_mid_play(env, sshd, ct200, "dropped-tt", False, seen)
+    rc, out = drop_mid_play(env, sshd, ct200, module_play("dropped-tt"), False, seen)
     assert rc != 0, out[-2000:]
     left = module_copies(env["ANSIBLE_REMOTE_TMP"])
     assert left, f"no module copy left by the cut-off play (seen while it ran: {seen})\n{out[-2000:]}"
@@ -114,10 +118,35 @@ def test_without_pipelining_the_next_run_removes_the_interrupted_copy(env, play,
 
 def test_with_pipelining_no_copy_ever_touches_the_host(env, play, sshd, ct200):
     seen = set()
-    rc, out = drop_mid_play(env, sshd, ct200, "dropped-pipe", True, seen)
+    rc, out = drop_mid_play(env, sshd, ct200, module_play("dropped-pipe"), True, seen)
     assert rc != 0, out[-2000:]
     assert seen == set() and module_copies(env["ANSIBLE_REMOTE_TMP"]) == []
     assert [p for p in Path(env["ANSIBLE_REMOTE_TMP"]).rglob("*") if p.is_file()] == []
     r = run_playbook(env, PLAY, {"tr": {"name": "dropped-pipe", "state": "status"}}, cmdline="-e ansible_ssh_pipelining=true")
     st = r.task("Training run")
     assert st["alive"] is True and not st.get("warnings"), st
+
+
+# The product's playbook: a trainer that takes 4 s to load (the module waits for its heartbeat), the link lost then.
+SLOW_START = ["python3", "-c", "import runpy, sys, time; time.sleep(4); "
+              f"sys.argv = [{FAKE_TRAINER_CT!r}] + sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"]
+FAKE_RUNS = {"dflash_trainer_command": SLOW_START, "dflash_run_defaults": {"trainer_args": {}, "env": {}},
+             "dflash_wait_for_phase": "training"}
+
+
+@pytest.mark.parametrize("pipelining", [False, True], ids=["ssh-tt", "pipelining"])
+def test_restart_cut_off_says_what_may_have_happened_and_what_to_run(env, play, sshd, ct200, pipelining):
+    restart = [str(REPO / "playbooks/restart_training.yml"), "--limit", "ct200", "-e", "run=tiny",
+               "-e", json.dumps(FAKE_RUNS)]
+    rc, out = drop_mid_play(env, sshd, ct200, restart, pipelining, set())
+    assert rc != 0, out[-3000:]
+    text = " ".join(out.split())
+    assert "the connection to ct200 was lost while training_run restarted ran for run tiny" in text, out[-3000:]
+    assert "may have completed in the container" in text
+    assert "ansible-playbook playbooks/training_status.yml -e run=tiny" in text
+    assert "ansible-playbook playbooks/restart_training.yml -e run=tiny` again without force" in text
+    pid = wait_for(lambda: ct200.pids("fake_trainer"), 30, "the run")
+    # What the message says to run: the restart again without force keeps the live run (a no-op).
+    r = run_playbook(env, REPO / "playbooks/restart_training.yml", {"run": "tiny", **FAKE_RUNS}, limit="ct200")
+    assert r.rc == 0, r.stdout[-3000:]
+    assert ct200.pids("fake_trainer") == pid
