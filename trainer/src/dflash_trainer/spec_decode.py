@@ -32,6 +32,9 @@ class DecodeResult:
     num_proposed: list[int] = field(default_factory=list)     # drafts offered per step
     num_target_forwards: int = 0           # prefill included
     wall_s: float = 0.0
+    step_times: list[tuple[float, float, float]] = field(default_factory=list)
+    """Per verification step: (drafting, verify forward incl. its greedy choice, bookkeeping) seconds.
+    Exact per phase only with profile=True (CUDA work is then synchronized at each step's end)."""
 
 
 class Proposer:
@@ -132,8 +135,9 @@ def _target_forward(model, ids: list[int], cache, layer_ids, device):
 
 @torch.no_grad()
 def speculative_decode(model, prompt: list[int], proposer: Proposer, block_size: int, max_new_tokens: int,
-                       eos_ids: set[int] | frozenset = frozenset()) -> DecodeResult:
-    """Greedy decode of `prompt` with `proposer` drafting up to block_size-1 tokens per target forward."""
+                       eos_ids: set[int] | frozenset = frozenset(), profile: bool = False) -> DecodeResult:
+    """Greedy decode of `prompt` with `proposer` drafting up to block_size-1 tokens per target forward.
+    profile: synchronize CUDA at the end of every step so step_times attribute GPU work to its phase."""
     if block_size < 1 or max_new_tokens < 1 or not prompt:
         raise ValueError("need a non-empty prompt, --block-size >= 1 and --max-new-tokens >= 1")
     device = next(model.parameters()).device
@@ -145,11 +149,14 @@ def speculative_decode(model, prompt: list[int], proposer: Proposer, block_size:
     tokens = list(prompt) + result.tokens
     while len(result.tokens) < max_new_tokens and result.tokens[-1] not in eos_ids:
         remaining = max_new_tokens - len(result.tokens)
+        t_draft = time.perf_counter()
         draft = proposer.propose(tokens, taps, min(block_size - 1, remaining - 1))
+        t_verify = time.perf_counter()
         block = [tokens[-1]] + list(draft)
         logits, new_taps = _target_forward(model, block, cache, layer_ids, device)
         result.num_target_forwards += 1
-        choice = logits.argmax(-1).tolist()
+        choice = logits.argmax(-1).tolist()  # the host copy waits for the verify forward
+        t_book = time.perf_counter()
         accepted = 0
         while accepted < len(draft) and draft[accepted] == choice[accepted]:
             accepted += 1
@@ -168,6 +175,10 @@ def speculative_decode(model, prompt: list[int], proposer: Proposer, block_size:
         result.num_proposed.append(len(draft))
         tokens += new
         result.tokens += new
+        if profile and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t_end = time.perf_counter()
+        result.step_times.append((t_verify - t_draft, t_book - t_verify, t_end - t_book))
     result.tokens = result.tokens[:max_new_tokens]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -176,14 +187,18 @@ def speculative_decode(model, prompt: list[int], proposer: Proposer, block_size:
 
 
 @torch.no_grad()
-def reference_greedy(model, prompt: list[int], max_new_tokens: int, eos_ids=frozenset()) -> DecodeResult:
-    """The target's own greedy decode via transformers' generate (independent of the loop above)."""
+def reference_greedy(model, prompt: list[int], max_new_tokens: int, eos_ids=frozenset(),
+                     static_cache: bool = False) -> DecodeResult:
+    """The target's own greedy decode via transformers' generate (independent of the loop above).
+    static_cache: generate's static KV cache; generate's own automatic compilation stays off, so the caller
+    decides compilation for both decoding paths alike (serve_bench)."""
     from transformers import GenerationConfig
 
     device = next(model.parameters()).device
     eos = sorted(eos_ids)
+    extra = {"cache_implementation": "static", "disable_compile": True} if static_cache else {}
     gen = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, num_beams=1,
-                           eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
+                           eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0, **extra)
     t0 = time.perf_counter()
     ids = torch.tensor([prompt], device=device)
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)

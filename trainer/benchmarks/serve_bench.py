@@ -1,0 +1,175 @@
+"""Serving speed of a DFlash drafter: batch-1 greedy decoding, the target alone vs the product's speculative loop.
+
+    python trainer/benchmarks/serve_bench.py --target-model TARGET --drafter EXPORT --prompts held_out.jsonl \
+        --num-prompts 32 --max-new-tokens 256 --device cuda --dtype bfloat16 [--compile] --out report.json
+
+Both paths decode the same prompts, greedily, one sequence at a time, in the same dtype and with the same
+compilation setting (--compile: torch.compile of the target's forward, used by both; default eager; no CUDA
+graphs on either path):
+  plain        transformers' generate with the static KV cache where the model supports it (else dynamic);
+               generate's own automatic compilation is off, so only --compile decides.
+  speculative  dflash_trainer.spec_decode.speculative_decode with the drafter (DFlashProposer), block B.
+Printed: tokens/s of both, the speedup, τ, losslessness, and the speculative loop's per-step overhead (drafting,
+verify, bookkeeping; from a separate pass that synchronizes the GPU at each step's end, so the timed pass is
+unperturbed).
+
+Losslessness is defined against the verify forward's greedy choice: the loop emits only tokens that are the
+argmax of a target forward, so its output is the target's greedy decode up to rounding. In bf16 a 16-token verify
+and a 1-token decode can round a near-tie differently; each divergence from plain decoding is therefore reported
+with its logit margin (a forward of the target over prompt + the common prefix: the logit of plain's token minus
+the logit of the speculative token at the first differing position). `lossless` holds when no divergence has a
+margin above --tie-margin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+from dflash_trainer.evaluate import eos_ids, load_drafter, load_prompts, load_target
+from dflash_trainer.spec_decode import DFlashProposer, reference_greedy, speculative_decode, summarize
+
+PHASES = ("drafter", "verify", "bookkeeping")
+
+
+def plain_decode(model, prompts, max_new_tokens, eos, static_cache: bool):
+    """generate on every prompt; returns (results, the cache actually used)."""
+    if static_cache:
+        try:
+            return [reference_greedy(model, p, max_new_tokens, eos, static_cache=True) for p in prompts], "static"
+        except (ValueError, TypeError, NotImplementedError) as e:  # models without a static cache
+            print(f"serve_bench: static cache unsupported ({' '.join(str(e).split())[:120]}); dynamic cache")
+    return [reference_greedy(model, p, max_new_tokens, eos) for p in prompts], "dynamic"
+
+
+def overhead_table(results) -> list[dict]:
+    """Per-step time of each phase of the speculative loop (mean over all steps of all prompts)."""
+    steps = [t for r in results for t in r.step_times]
+    total = sum(sum(t) for t in steps) or 1.0
+    rows = []
+    for i, phase in enumerate(PHASES):
+        s = sum(t[i] for t in steps)
+        rows.append({"phase": phase, "ms_per_step": 1000 * s / max(len(steps), 1), "share": s / total,
+                     "total_s": s})
+    return rows
+
+
+@torch.no_grad()
+def divergences(model, prompts, spec, plain, device) -> list[dict]:
+    """The first position where speculative and plain decoding differ, per prompt, with the logit margin."""
+    out = []
+    for i, (p, a, b) in enumerate(zip(prompts, spec, plain)):
+        if a == b:
+            continue
+        j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if j is None:  # one is a prefix of the other (an EOS or the length cap): no token choice to weigh
+            out.append({"prompt": i, "position": min(len(a), len(b)), "margin": None})
+            continue
+        logits = model(input_ids=torch.tensor([p + a[:j]], device=device)).logits[0, -1].float()
+        out.append({"prompt": i, "position": j, "speculative_token": a[j], "plain_token": b[j],
+                    "margin": float(logits[b[j]] - logits[a[j]])})
+    return out
+
+
+def run(model, drafter, prompts, *, block_size, max_new_tokens, eos, static_cache, tie_margin, warmup) -> dict:
+    device = next(model.parameters()).device
+    proposer = DFlashProposer(drafter)
+    for p in prompts[:warmup]:  # compile / allocator / kernel selection outside the timed passes
+        plain_decode(model, [p], max_new_tokens, eos, static_cache)
+        speculative_decode(model, p, proposer, block_size, max_new_tokens, eos)
+    plain, cache = plain_decode(model, prompts, max_new_tokens, eos, static_cache)
+    spec = [speculative_decode(model, p, proposer, block_size, max_new_tokens, eos) for p in prompts]
+    profiled = [speculative_decode(model, p, proposer, block_size, max_new_tokens, eos, profile=True)
+                for p in prompts]
+    plain_tokens = sum(len(r.tokens) for r in plain)
+    plain_s = sum(r.wall_s for r in plain)
+    summary = summarize(spec, block_size)
+    divs = divergences(model, prompts, [r.tokens for r in spec], [r.tokens for r in plain], device)
+    bad = [d for d in divs if d["margin"] is None or abs(d["margin"]) > tie_margin]
+    spec_tps, plain_tps = summary["tokens_per_s"], plain_tokens / plain_s if plain_s > 0 else None
+    return {
+        "num_prompts": len(prompts), "block_size": block_size, "max_new_tokens": max_new_tokens,
+        "plain": {"tokens_per_s": plain_tps, "new_tokens": plain_tokens, "wall_s": plain_s, "cache": cache},
+        "speculative": summary,
+        "speedup": spec_tps / plain_tps if spec_tps and plain_tps else None,
+        "tau": summary["tau"],
+        "lossless": not bad, "tie_margin": tie_margin,
+        "num_identical_prompts": len(prompts) - len(divs), "divergences": divs,
+        "overhead": overhead_table(profiled),
+    }
+
+
+def format_report(r: dict) -> str:
+    lines = [f"prompts {r['num_prompts']}, block {r['block_size']}, max new tokens {r['max_new_tokens']}",
+             f"plain        {r['plain']['tokens_per_s']:.1f} tokens/s ({r['plain']['new_tokens']} tokens, "
+             f"{r['plain']['cache']} cache)",
+             f"speculative  {r['speculative']['tokens_per_s']:.1f} tokens/s ({r['speculative']['num_new_tokens']} "
+             f"tokens, {r['speculative']['num_steps']} steps)",
+             f"speedup      {r['speedup']:.2f}x",
+             f"tau          {r['tau']:.2f}",
+             f"lossless     {r['lossless']} ({r['num_identical_prompts']}/{r['num_prompts']} prompts identical to "
+             f"plain; divergences within a logit margin of {r['tie_margin']} count as near-ties)"]
+    for d in r["divergences"]:
+        lines.append(f"  divergence prompt {d['prompt']} at {d['position']}: margin {d['margin']}")
+    lines += ["", f"{'phase':<12} {'ms/step':>9} {'share':>7}"]
+    for row in r["overhead"]:
+        lines.append(f"{row['phase']:<12} {row['ms_per_step']:>9.3f} {100 * row['share']:>6.1f}%")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="serve_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target-model", required=True)
+    p.add_argument("--drafter", required=True, help="export dir, checkpoints/step-N or training output dir")
+    p.add_argument("--prompts", required=True, help="held-out prompts: JSONL (as dflash-eval reads) or text")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
+    p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--compile", action="store_true", help="torch.compile the target's forward (both paths) and "
+                   "the drafter's layers")
+    p.add_argument("--no-static-cache", action="store_true", help="plain path: generate's dynamic cache")
+    p.add_argument("--tie-margin", type=float, default=0.5, help="logit margin under which a divergence from "
+                   "plain decoding is a rounding near-tie")
+    p.add_argument("--warmup", type=int, default=1, help="prompts decoded untimed first, on both paths")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    args = p.parse_args(argv)
+    try:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda but no CUDA device is visible; pass --device cpu for a function check")
+        if args.num_prompts < 1 or args.max_new_tokens < 2:
+            raise ValueError("--num-prompts must be >= 1 and --max-new-tokens >= 2")
+        device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+        model, tokenizer = load_target(args.target_model, device, dtype)
+        drafter = load_drafter(args.drafter, model, device, dtype)
+        prompts = load_prompts(args.prompts, tokenizer, args.num_prompts)
+    except (ValueError, OSError) as e:
+        print(f"serve_bench: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    if args.compile:
+        model.forward = torch.compile(model.forward, dynamic=True)
+        drafter.compile_layers()
+    t0 = time.perf_counter()
+    report = run(model, drafter, prompts, block_size=args.block_size or drafter.cfg.block_size,
+                 max_new_tokens=args.max_new_tokens, eos=eos_ids(args.target_model, model, tokenizer),
+                 static_cache=not args.no_static_cache, tie_margin=args.tie_margin, warmup=args.warmup)
+    report["settings"] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                          "dtype": args.dtype, "compile": args.compile, "cuda_graphs": False,
+                          "target_model": os.path.abspath(args.target_model),
+                          "drafter": os.path.abspath(args.drafter), "bench_wall_s": time.perf_counter() - t0}
+    print(format_report(report))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

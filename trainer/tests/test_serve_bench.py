@@ -1,0 +1,74 @@
+"""serve_bench on the tiny model, CPU, for function only: the report's shape and losslessness, never a time."""
+
+import json
+
+import pytest
+import torch
+from trainer_testlib import load_benchmark
+
+from dflash_trainer.checkpoint import save_checkpoint
+from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.export import export_checkpoint
+
+
+@pytest.fixture(scope="module")
+def export_and_prompts(tiny, tmp_path_factory):
+    from transformers import AutoConfig
+    from dflash_trainer.make_tiny import make_sequences
+    root = tmp_path_factory.mktemp("serve")
+    cfg = DrafterConfig.from_target(AutoConfig.from_pretrained(tiny["target"]), 1, [1, 3, 5], block_size=4,
+                                    mask_token_id=511)
+    torch.manual_seed(0)
+    save_checkpoint(str(root / "out"), 1, DFlashDrafter(cfg).trainable_state_dict(), cfg.to_dict(), {"step": 1},
+                    keep=1)
+    export_checkpoint(str(root / "out"), tiny["target"], str(root / "export"), dtype="float32")
+    with open(root / "prompts.jsonl", "w") as f:
+        for ids, mask in make_sequences(3, seed=99):
+            f.write(json.dumps({"input_ids": ids[:mask.index(1) + 2]}) + "\n")
+    return str(root / "export"), str(root / "prompts.jsonl"), root
+
+
+def test_serve_bench_cpu_function(tiny, export_and_prompts, capsys):
+    export, prompts, root = export_and_prompts
+    bench = load_benchmark("serve_bench")
+    rc = bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts, "--num-prompts",
+                     "3", "--max-new-tokens", "12", "--device", "cpu", "--dtype", "float32", "--out",
+                     str(root / "report.json")])
+    assert rc == 0
+    report = json.load(open(root / "report.json"))
+    assert report["num_prompts"] == 3 and report["block_size"] == 4
+    assert report["lossless"] and report["divergences"] == [] and report["num_identical_prompts"] == 3
+    assert 1 <= report["tau"] <= 4
+    assert report["plain"]["new_tokens"] == report["speculative"]["num_new_tokens"]
+    assert report["plain"]["cache"] in ("static", "dynamic")
+    assert [row["phase"] for row in report["overhead"]] == ["drafter", "verify", "bookkeeping"]
+    assert abs(sum(row["share"] for row in report["overhead"]) - 1) < 1e-6
+    assert all(row["ms_per_step"] >= 0 for row in report["overhead"])
+    assert report["settings"]["compile"] is False and report["settings"]["cuda_graphs"] is False
+    out = capsys.readouterr().out
+    for label in ("plain", "speculative", "speedup", "tau", "lossless", "drafter", "verify", "bookkeeping"):
+        assert label in out, label
+
+
+def test_serve_bench_reports_a_divergence_with_its_margin(tiny):
+    """A divergence from plain decoding is found at its first position, with the target's logit margin."""
+    from transformers import AutoModelForCausalLM
+    bench = load_benchmark("serve_bench")
+    model = AutoModelForCausalLM.from_pretrained(tiny["target"], dtype=torch.float32).eval()
+    prompt = [5, 6, 7, 8]
+    plain = bench.plain_decode(model, [prompt], 6, set(), static_cache=False)[0][0].tokens
+    other = plain[:3] + [(plain[3] + 1) % 500] + plain[4:]
+    [d] = bench.divergences(model, [prompt], [other], [plain], torch.device("cpu"))
+    assert d["position"] == 3 and d["plain_token"] == plain[3] and d["speculative_token"] == other[3]
+    assert d["margin"] > 0  # plain's token is the target's argmax there
+    assert bench.divergences(model, [prompt], [plain], [plain], torch.device("cpu")) == []
+
+
+def test_serve_bench_refuses_missing_cuda_in_one_line(tiny, export_and_prompts, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    export, prompts, _ = export_and_prompts
+    bench = load_benchmark("serve_bench")
+    assert bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--device cpu" in err[0]
