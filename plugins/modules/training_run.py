@@ -368,6 +368,26 @@ dead_since:
   returned: state is status and phase is V(dead) with a heartbeat
   type: float
   sample: 1764480000.5
+gpu_utilization:
+  description: The last NVML reading of each GPU in the run's C(telemetry.jsonl) (written by the trainer every
+    C(--telemetry-interval) seconds; the rank that read it under torchrun) and its age; null when there is none
+    (no NVIDIA driver, or none written yet).
+  returned: state is status
+  type: list
+  elements: dict
+  sample: [{gpu: 0, rank: 0, util_pct: 97, mem_used_mb: 61234.5, mem_total_mb: 143771.0, power_w: 612.3,
+            temp_c: 61, age_s: 2.4}]
+queue_depth:
+  description: Micro-batches of hidden states waiting on the first drafter rank of a torchrun job (heartbeat).
+  returned: state is status and the heartbeat of a torchrun job has it
+  type: int
+  sample: 27
+slowest_rank:
+  description: The torchrun rank furthest behind (lowest step among the ranks still working; ties - the oldest
+    update), from the heartbeat's C(ranks); null for one process or when every rank is done.
+  returned: state is status and a heartbeat exists
+  type: dict
+  sample: {rank: 6, role: drafter, step: 1200, steps_behind: 31, updated_s_ago: 1.8}
 gpu_memory:
   description: NVML's memory use and compute processes per GPU of the run; null without NVML or GPUs.
   returned: state is status

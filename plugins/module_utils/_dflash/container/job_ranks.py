@@ -115,6 +115,21 @@ def job_state(pid, ranks):
     return None
 
 
+def slowest_rank(heartbeat, now):
+    """The rank furthest behind, from the heartbeat's `ranks` (rank 0 writes every rank's last step): the lowest
+    step among the ranks still working (ties: the oldest update), with how many steps it trails the furthest rank
+    and how long ago it last moved; None for one process or when every rank is done."""
+    ranks = (heartbeat or {}).get("ranks") or {}
+    working = [(r, row) for r, row in ranks.items() if isinstance(row, dict) and not row.get("done")]
+    if not working:
+        return None
+    rank, row = min(working, key=lambda kv: (kv[1].get("step", 0), kv[1].get("updated_at", 0)))
+    top = max(r.get("step", 0) for r in ranks.values() if isinstance(r, dict))
+    return {"rank": int(rank), "role": row.get("role"), "step": row.get("step"),
+            "steps_behind": top - row.get("step", 0),
+            "updated_s_ago": round(now - float(row.get("updated_at", now)), 1)}
+
+
 def _kill(pid, sig, group=False):
     try:
         os.killpg(pid, sig) if group else os.kill(pid, sig)

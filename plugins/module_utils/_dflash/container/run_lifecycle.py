@@ -7,7 +7,8 @@
 One transport call ships this package (controller/lifecycle_shipping.py) and calls main(), so that a restart
 costs one `pct exec`, and the same code is what local mode and the container tests exercise. Stdlib only.
 
-Run directory contract (DESIGN.md): launch.json, pid, train.log, heartbeat.json, checkpoints/, metrics.jsonl.
+Run directory contract (DESIGN.md): launch.json, pid, train.log, heartbeat.json, checkpoints/, metrics.jsonl,
+telemetry.jsonl.
 """
 
 import errno
@@ -21,7 +22,7 @@ import time
 from .entry import answer
 from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
-from .job_ranks import clear_rank_files, is_healthy, job_state, rank_states, stop_job
+from .job_ranks import clear_rank_files, is_healthy, job_state, rank_states, slowest_rank, stop_job
 from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
 from .run_name import validate_run_name
 from .run_paths import check_not_system_dir, check_reserved_env
@@ -30,6 +31,7 @@ from .trainer_record import TrainerRefused, check_trainer
 
 LOCK_NAME = ".dflash-lifecycle.lock"
 LOG_NAME = "train.log"
+TELEMETRY_NAME = "telemetry.jsonl"  # the trainer's NVML rows (telemetry.py): {time, gpu, util_pct, mem_used_mb, ...}
 LAUNCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # unless the run's env sets PATH
 
 
@@ -155,6 +157,24 @@ def log_tail(path, lines):
     except OSError:
         return []
     return data.splitlines()[-lines:]
+
+
+def gpu_utilization(run_dir, now):
+    """The last NVML row of each GPU in the run's telemetry.jsonl (its tail only), by GPU, with its age; None
+    when the trainer wrote none (no driver, or not yet)."""
+    latest = {}
+    for line in log_tail(os.path.join(run_dir, TELEMETRY_NAME), 512):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a row cut by the tail's first byte
+        if isinstance(row, dict) and "gpu" in row and "util_pct" in row:
+            latest[row["gpu"]] = row
+    if not latest:
+        return None
+    keys = ("gpu", "rank", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "temp_c")
+    return [dict(((k, latest[g][k]) for k in keys if k in latest[g]),
+                 age_s=round(now - float(latest[g].get("time", now)), 1)) for g in sorted(latest)]
 
 
 def live_run(run_dir):
@@ -425,8 +445,9 @@ def status(req):
            "ranks": ranks, "world": (launch_info or {}).get("job")}
     if hb:
         out["heartbeat_age_s"] = round(now - float(hb.get("updated_at", 0)), 1)
-        for key in ("phase", "step", "epoch", "loss", "tokens_per_s"):
+        for key in ("phase", "step", "epoch", "loss", "tokens_per_s", "queue_depth"):
             out[key] = hb.get(key)
+        out["slowest_rank"] = slowest_rank(hb, now)
         if not healthy and hb.get("phase") not in ("finished", "failed"):
             out["phase"] = "dead"
             out["dead_since"] = hb.get("updated_at")
@@ -434,6 +455,7 @@ def status(req):
         out["phase"] = "loading" if healthy else "dead"
     else:
         out["phase"] = "never launched"
+    out["gpu_utilization"] = gpu_utilization(run_dir, now)
     out["gpu_memory"] = None
     if not req.get("gpus"):
         out["gpu_memory_note"] = "no GPUs configured for this run"
