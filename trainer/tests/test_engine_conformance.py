@@ -22,7 +22,8 @@ from dflash_trainer.export import export_checkpoint
 SGLANG = "sgl-project/sglang@v0.5.23"
 VLLM = "vllm-project/vllm@v0.33.0 (4ba787ec9)"
 SG_MODEL, SG_UTILS = "python/sglang/srt/models/dflash.py", "python/sglang/srt/speculative/dflash_utils.py"
-SG_WORKER, SG_HF = "python/sglang/srt/speculative/dflash_worker_v2.py", "python/sglang/srt/utils/hf_transformers/common.py"
+SG_WORKER = "python/sglang/srt/speculative/dflash_worker_v2.py"
+SG_HF = "python/sglang/srt/utils/hf_transformers/common.py"
 SG_QWEN3 = "python/sglang/srt/models/qwen3.py"
 VL_MODEL, VL_AUX = "vllm/model_executor/models/qwen3_dflash.py", "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py"
 VL_REGISTRY, VL_MLP = "vllm/model_executor/models/registry.py", "vllm/model_executor/models/qwen2.py"
@@ -46,14 +47,17 @@ def _fc_from(ids_of):
     def check(c, t, d):
         H, n = c["hidden_size"], len(ids_of(c))
         want = (H, n * H)
-        return None if tuple(t["fc.weight"]) == want else f"fc.weight is {tuple(t['fc.weight'])}, engine builds {want}"
+        got = tuple(t["fc.weight"])
+        return None if got == want else f"fc.weight is {got}, engine builds {want}"
     return check
 
 
 def _aux_plus_one(c, t, d):
     want = [i + 1 for i in c["dflash_config"]["target_layer_ids"]]
     got = c["eagle_aux_hidden_state_layer_ids"]
-    return None if got == want else f"eagle_aux_hidden_state_layer_ids {got} != dflash_config.target_layer_ids + 1 {want}"
+    if got == want:
+        return None
+    return f"eagle_aux_hidden_state_layer_ids {got} != dflash_config.target_layer_ids + 1 {want}"
 
 
 def _layer_types(c, t, d):

@@ -5,7 +5,8 @@
 
 --checkpoint may also be an --output-dir (its `latest` is used). The export holds config.json,
 model.safetensors with keys without prefix and without embed_tokens/lm_head (the engine borrows the
-target's), and modeling_dflash.py + drafter.py for AutoModel.from_pretrained(..., trust_remote_code=True). load_exported_drafter() rebuilds the drafter from such a directory (tests, evaluation).
+target's), and modeling_dflash.py + drafter.py for AutoModel.from_pretrained(..., trust_remote_code=True).
+load_exported_drafter() rebuilds the drafter from such a directory (tests, evaluation).
 """
 
 from __future__ import annotations
