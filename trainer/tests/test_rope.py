@@ -105,3 +105,34 @@ def test_training_forward_uses_target_rope_and_export_declares_it(name, tmp_path
     assert declared["rope_type"] == config.rope_parameters["rope_type"]
     expected_factor = config.rope_parameters.get("partial_rotary_factor", 1.0)
     assert exported.get("partial_rotary_factor", 1.0) == expected_factor
+
+
+@pytest.mark.parametrize("name", ["llama3", "default-quarter"])
+def test_export_of_a_scaled_rope_round_trips(name, tmp_path, monkeypatch):
+    """The export's config gives back the trained DrafterConfig, and transformers alone gives its logits."""
+    from transformers import AutoModel
+
+    from dflash_trainer.checkpoint import save_checkpoint
+    from dflash_trainer.export import export_checkpoint
+    from dflash_trainer.modeling_dflash import drafter_config_from_export
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = _targets()[name][0]
+    target_dir = tmp_path / "target"
+    config.save_pretrained(target_dir)
+    cfg = _drafter_cfg(config)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg).eval()
+    save_checkpoint(str(tmp_path / "out"), 1, drafter.trainable_state_dict(), cfg.to_dict(), {"step": 1}, keep=1)
+    export_checkpoint(str(tmp_path / "out"), str(target_dir), str(tmp_path / "e"), dtype="float32")
+    exported = json.load(open(tmp_path / "e" / "config.json"))
+    assert drafter_config_from_export(exported) == cfg
+    model = AutoModel.from_pretrained(str(tmp_path / "e"), trust_remote_code=True, local_files_only=True,
+                                      dtype=torch.float32).eval()
+    taps = [torch.randn(1, 150, 64) for _ in range(3)]
+    block = torch.tensor([[7, 511, 511, 511]])
+    pos = torch.arange(150, 154)[None]
+    mask = torch.ones(1, 1, 4, 154, dtype=torch.bool)
+    with torch.no_grad():
+        ours = drafter(taps, block, pos, mask)
+        theirs = model(torch.cat(taps, dim=-1), drafter.embed_tokens(block), pos)
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
