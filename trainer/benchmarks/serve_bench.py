@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from dflash_trainer.evaluate import eos_ids, load_drafter, load_prompts, load_target
+from dflash_trainer.evaluate import add_decoding_args, eos_ids, load_drafter, load_prompts, load_target
 from dflash_trainer.spec_decode import DFlashProposer, reference_greedy, speculative_decode, summarize
 
 PHASES = ("drafter", "verify", "bookkeeping")
@@ -125,23 +125,20 @@ def format_report(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="serve_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target-model", required=True)
-    p.add_argument("--drafter", required=True, help="export dir, checkpoints/step-N or training output dir")
-    p.add_argument("--prompts", required=True, help="held-out prompts: JSONL (as dflash-eval reads) or text")
-    p.add_argument("--num-prompts", type=int, default=32)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
-    p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add_decoding_args(p)  # dflash-eval's flags, declared once there
+    p.set_defaults(num_prompts=32, device="cuda", dtype="bfloat16")  # a GPU speed measurement, not a τ check
     p.add_argument("--compile", action="store_true", help="torch.compile the target's forward (both paths) and "
                    "the drafter's layers")
     p.add_argument("--no-static-cache", action="store_true", help="plain path: generate's dynamic cache")
     p.add_argument("--tie-margin", type=float, default=0.5, help="logit margin under which a divergence from "
                    "plain decoding is a rounding near-tie")
     p.add_argument("--warmup", type=int, default=1, help="prompts decoded untimed first, on both paths")
-    p.add_argument("--out", default=None, help="write the JSON report here")
     args = p.parse_args(argv)
     try:
+        if args.drafter is None:
+            raise ValueError("--drafter is required: the export (or checkpoint) whose decoding speed is measured")
+        if args.device == "auto":
+            args.device = "cuda" if torch.cuda.is_available() else "cpu"
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda but no CUDA device is visible; pass --device cpu for a function check")
         if args.num_prompts < 1 or args.max_new_tokens < 2:

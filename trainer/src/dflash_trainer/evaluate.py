@@ -176,8 +176,9 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """The flags every decoding tool shares (dflash-eval, benchmarks/serve_bench.py), declared once here; a tool
+    that serves another purpose changes a default with set_defaults, in the open."""
     p.add_argument("--target-model", required=True)
     p.add_argument("--drafter", default=None, help="export dir, checkpoints/step-N or training output dir; "
                                                    "leave out for the baseline only")
@@ -185,12 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts")
     p.add_argument("--block-size", type=int, default=None, help="default: the drafter's (16 without a drafter)")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--ngram", type=int, default=3, help="longest n-gram the prompt-lookup baseline matches")
-    p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="float32 keeps greedy ties away from kernel-order noise (exact losslessness check)")
     p.add_argument("--out", default=None, help="write the JSON report here")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_decoding_args(p)
+    p.add_argument("--ngram", type=int, default=3, help="longest n-gram the prompt-lookup baseline matches")
+    p.add_argument("--no-baseline", action="store_true")
     args = p.parse_args(argv)
     try:
         device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
