@@ -16,7 +16,6 @@ clones CT 200 from the golden container with the checkout's trainer installed, a
 
 import argparse
 import fcntl
-import json
 import os
 import random
 import re
@@ -157,7 +156,6 @@ def main():
     kills = [r for r in rows if r["killed"]]
     walls = [r["wall"] for r in rows]
     lost = [r["lost"] for r in kills]
-    print(json.dumps({"restarts": len(rows), "kills": len(kills)}))
     print("%-34s %s" % ("restarts", len(rows)))
     print("%-34s %d/%d" % ("exactly one live trainer", sum(r["one"] for r in rows), len(rows)))
     print("%-34s %d/%d" % ("resumes verified", sum(r["resumed"] for r in rows), len(rows)))
