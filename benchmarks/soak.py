@@ -83,12 +83,12 @@ def usage(ct):
 
 
 def soak(args, tmp):
-    from harness import CACHE_DIR, golden, lxc
+    from harness import LOCK_DIR, golden, lxc
     from harness.fixtures import _prepare_clone, install_trainer, make_tiny
     from harness.sshd import Sshd
 
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    lock = open(CACHE_DIR / "vmids.lock", "w")
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    lock = open(LOCK_DIR / "vmids.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)  # one harness session at a time owns vmid 200
     sshd = Sshd(tmp / "sshd").start()
     ct = None

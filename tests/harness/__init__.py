@@ -12,6 +12,9 @@ BIN_DIR = HARNESS_DIR / "bin"
 PCT = BIN_DIR / "pct"
 CACHE_DIR = REPO_ROOT / ".cache" / "harness"  # /.cache/ is git-ignored
 WHEEL_DIR = CACHE_DIR / "wheels"
+# Container names (vmids) are machine-wide, so the locks that guard them are too: one per machine, not per checkout
+# (a CI clone and a working checkout ran harness sessions at once and fought over CT 200).
+LOCK_DIR = Path("/run/lock/dflash-harness")
 # Where the harness installs the trainer inside a container (golden venv + per-clone trainer wheel).
 CT_VENV = "/opt/dflash/venv"
 CT_WHEELS = "/opt/dflash/wheels"

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import CACHE_DIR, REPO_ROOT, golden, lxc
+from . import LOCK_DIR, REPO_ROOT, golden, lxc
 from .fixtures import _prepare_clone, install_trainer, make_tiny
 
 
@@ -36,8 +36,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"destroyed": vmid, "exists": lxc.exists(str(vmid))}))
         return 0
     # a pytest harness session holds this lock while it uses vmids 200/201: do not clobber its containers
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(CACHE_DIR / "vmids.lock", "w") as fh:
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_DIR / "vmids.lock", "w") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from . import BIN_DIR, CACHE_DIR, CT_VENV, CT_WHEELS, HARNESS_DIR, REPO_ROOT, WHEEL_DIR, golden as golden_mod, lxc
+from . import BIN_DIR, CT_VENV, CT_WHEELS, HARNESS_DIR, LOCK_DIR, REPO_ROOT, WHEEL_DIR, golden as golden_mod, lxc
 from .sshd import Sshd
 
 HARNESS_INVENTORY = REPO_ROOT / "inventories" / "harness" / "hosts.yml"
@@ -45,8 +45,8 @@ def containers_ok():
 @pytest.fixture(scope="session")
 def vmid_lock(containers_ok):
     """Containers are named after vmids (200, 201): one harness session at a time on this machine."""
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    fh = open(CACHE_DIR / "vmids.lock", "w")
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    fh = open(LOCK_DIR / "vmids.lock", "w")
     fcntl.flock(fh, fcntl.LOCK_EX)
     yield
     fcntl.flock(fh, fcntl.LOCK_UN)

@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import CACHE_DIR, CT_VENV, REPO_ROOT, WHEEL_DIR, lxc
+from . import CACHE_DIR, CT_VENV, LOCK_DIR, REPO_ROOT, WHEEL_DIR, lxc
 
 RECIPE_VERSION = 1
 RELEASE = "bookworm"
@@ -64,8 +64,8 @@ def is_built(n: str | None = None) -> bool:
 
 @contextmanager
 def _lock(what: str):
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(CACHE_DIR / f"{what}.lock", "w") as fh:
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)  # the golden's name is machine-wide: so is its lock
+    with open(LOCK_DIR / f"{what}.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -14,7 +14,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import CACHE_DIR, lxc
+from .. import LOCK_DIR, lxc
 from . import pveconf
 from .tasks import TaskError
 
@@ -22,8 +22,8 @@ from .tasks import TaskError
 @contextmanager
 def machine_lock():
     """One lock for every stand-in server on this machine: a vmid check and the clone that takes it are atomic."""
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(CACHE_DIR / "pve_api.lock", "w") as fh:
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_DIR / "pve_api.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
