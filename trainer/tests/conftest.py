@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import sys
 
-import pytest
-import torch
-
-from dflash_trainer.make_tiny import write_dataset, write_target
-
-torch.set_num_threads(2)
-
 
 def _builtin_sys_intern():
     # In one pytest run with the collection's tests, importing ansible.module_utils.basic replaces sys.intern with
     # ansible's SysInternPatch object for the whole process, and torch.compile (dynamo) refuses it. The trainer never
     # shares a process with Ansible in production: give these tests the builtin back.
     sys.intern = getattr(sys.intern, "unpatched_implementation", sys.intern)
+
+
+# Already at collection: test modules that import transformers' modeling code import torch._dynamo, which
+# refuses the patched sys.intern at import time (before any fixture runs).
+_builtin_sys_intern()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from dflash_trainer.make_tiny import write_dataset, write_target  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+def pytest_collect_file(file_path, parent):
+    """Before each test module here is imported: the collection's tests, collected in between, may have patched
+    sys.intern again (ansible does it on import)."""
+    _builtin_sys_intern()
 
 
 @pytest.fixture(scope="session", autouse=True)
