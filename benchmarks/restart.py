@@ -31,11 +31,12 @@ RUN_CONFIG = {"dflash_run_defaults": {"trainer_args": {"interval": 0.2}}, "dflas
 
 
 def playbook(data_dir, inventory, extravars, envvars, limit=None):
-    """Run restart_training.yml through ansible-runner (the AWX engine); return (wall s, module result)."""
+    """Run restart_training.yml through ansible-runner (the AWX engine); return (wall s, module result).
+    The run is `bench` unless extravars names another (benchmarks/soak.py restarts `tiny`)."""
     t0 = time.monotonic()
     r = ansible_runner.run(
         private_data_dir=data_dir, project_dir=os.path.join(ROOT, "playbooks"), playbook="restart_training.yml",
-        inventory=inventory, extravars=dict(extravars, run="bench"), quiet=True, limit=limit,
+        inventory=inventory, extravars=dict({"run": "bench"}, **extravars), quiet=True, limit=limit,
         envvars=dict(envvars, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
                      ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".collections")))
     wall = time.monotonic() - t0

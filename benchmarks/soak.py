@@ -26,10 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import ansible_runner
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from restart import playbook  # noqa: E402  (one runner call for both benchmarks)
+
 RUN = "tiny"  # declared in inventories/harness/group_vars/dflash_training.yml (the real trainer, CPU)
 RUN_DIR = f"/workspace/runs/{RUN}"
 CKPT = f"/workspace/checkpoints/{RUN}/checkpoints"
@@ -38,18 +40,8 @@ TRAINER = "dflash-train"
 
 def restart(data_dir, env, force):
     """restart_training.yml -e run=tiny [force] through ansible-runner; returns (wall s, training_run result)."""
-    t0 = time.monotonic()
-    r = ansible_runner.run(
-        private_data_dir=data_dir, project_dir=str(ROOT / "playbooks"), playbook="restart_training.yml",
-        inventory=str(ROOT / "inventories" / "harness"), extravars={"run": RUN, "force": force}, quiet=True,
-        limit="ct200", envvars=dict(env, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-                                    ANSIBLE_COLLECTIONS_PATH=str(ROOT / ".collections")))
-    wall = time.monotonic() - t0
-    res = [e["event_data"]["res"] for e in r.events if e.get("event") in ("runner_on_ok", "runner_on_failed")
-           and e["event_data"].get("task", "").startswith("Training run")]
-    if r.status != "successful" or not res:
-        raise SystemExit("restart failed (%s): %s" % (r.status, res[-1].get("msg") if res else r.stdout.read()[-2000:]))
-    return wall, res[-1]
+    return playbook(data_dir, str(ROOT / "inventories" / "harness"), {"run": RUN, "force": force}, env,
+                    limit="ct200")
 
 
 def latest_step(ct):
