@@ -2,7 +2,8 @@
 
 import torch
 
-from dflash_trainer.blocks import block_inputs, block_labels, dense_block_mask, sample_anchors, slot_weights
+from dflash_trainer.blocks import (block_inputs, block_labels, dense_block_mask, flex_block_mask, sample_anchors,
+                                   slot_weights)
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.loss import dflash_loss
 
@@ -90,14 +91,32 @@ def test_flex_mask_matches_dense_mask():
     anchors, valid = torch.tensor([[1, 5, 9], [2, 3, 0]]), torch.tensor([[True, True, True], [True, True, False]])
     T = 12
     dense = dense_block_mask(anchors, valid, T, S)
-    limit = torch.where(valid, anchors, torch.zeros_like(anchors))
-
-    def mask_mod(b, h, q_idx, kv_idx):  # the same rule as blocks.flex_block_mask
-        q_block = q_idx // S
-        return ((kv_idx < T) & (kv_idx < limit[b, q_block])) | ((kv_idx >= T) & ((kv_idx - T) // S == q_block))
-
-    flex = create_mask(mask_mod, 2, None, 3 * S, T + 3 * S, device="cpu")
+    flex = flex_block_mask(anchors, valid, T, S, make=create_mask)  # the product's mask_mod, evaluated densely
     assert torch.equal(flex, dense)
+
+
+def test_compiled_block_mask_does_not_recompile_per_length():
+    """Batches of ever new padded lengths: the compiled create_block_mask settles after the first graphs (static,
+    then dynamic shapes) and never reaches dynamo's recompile limit, past which it would run eagerly and build
+    the dense Q x (T+Q) grid. (A length dynamo guarded as a constant, e.g. a module-level int in mask_mod,
+    recompiles for every length.)"""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    torch._dynamo.reset()
+    counters.clear()
+    make = torch.compile(create_block_mask, backend="aot_eager")
+    gen = torch.Generator().manual_seed(0)
+    graphs = []
+    for T in (229, 533, 953, 921, 289, 466, 463, 861, 981, 155):
+        loss_mask = torch.ones(2, T, dtype=torch.bool)
+        anchors, valid = sample_anchors(loss_mask, int(torch.randint(20, 60, (1,), generator=gen)), gen)
+        flex_block_mask(anchors, valid, T, S, make=make)
+        graphs.append(counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    assert graphs[-1] <= 3, graphs
+    assert graphs[3:] == [graphs[3]] * len(graphs[3:]), graphs
 
 
 def _run(drafter, taps, ids, anchors, valid):
@@ -137,3 +156,41 @@ def test_split_fc_is_identical():
     d2.load_state_dict(d1.state_dict())
     taps = [torch.randn(2, 7, 32) for _ in range(2)]
     assert torch.allclose(d1.context(taps), d2.context(taps), atol=1e-5)
+
+
+def test_tile_padding_leaves_the_loss_unchanged():
+    """step.pad_to_tiles (on CUDA by default, for flex attention's fixed tiles) pads the context and the anchors;
+    no block may see the padding and padded anchors carry no loss, so loss and gradients equal the unpadded ones."""
+    from dflash_trainer.step import drafter_micro_batch
+
+    torch.manual_seed(0)
+    d = tiny_drafter(vocab=512, hidden=64, head_dim=16)
+    B, T = 3, 45
+    lengths = torch.tensor([45, 30, 17])
+    ids = torch.randint(5, 500, (B, T))
+    loss_mask = (torch.arange(T)[None, :] < lengths[:, None]) & (torch.arange(T)[None, :] >= 3)
+    taps = [torch.randn(B, T, 64) for _ in range(d.cfg.num_taps)]
+    last = torch.randn(B, T, 64)
+    results = []
+    for tile_shapes in (False, True):
+        d.zero_grad()
+        out = drafter_micro_batch(d, taps, last, ids, loss_mask, lengths, max_anchors=11, gamma=4.0,
+                                  noise_amplitude=0.05, seed=7, head_chunk_size=64, tile_shapes=tile_shapes)
+        out.loss.backward()
+        results.append((out.loss.detach(), d.fc.weight.grad.clone(), d.layers[0].mlp.up_proj.weight.grad.clone()))
+    (loss, g_fc, g_up), (loss_t, g_fc_t, g_up_t) = results
+    assert torch.allclose(loss, loss_t, rtol=1e-5, atol=1e-6), (loss, loss_t)
+    assert torch.allclose(g_fc, g_fc_t, rtol=1e-4, atol=1e-7) and torch.allclose(g_up, g_up_t, rtol=1e-4, atol=1e-7)
+
+
+def test_tile_padding_shapes():
+    from dflash_trainer.step import pad_to_tiles
+
+    ids, mask = torch.ones(2, 130, dtype=torch.long), torch.ones(2, 130, dtype=torch.bool)
+    anchors, valid = torch.ones(2, 9, dtype=torch.long), torch.ones(2, 9, dtype=torch.bool)
+    taps, last, ids_p, mask_p, anchors_p, valid_p = pad_to_tiles([torch.ones(2, 130, 8)], None, ids, mask, anchors,
+                                                                 valid, block_size=16)
+    assert taps[0].shape == (2, 256, 8) and last is None and ids_p.shape == mask_p.shape == (2, 256)
+    assert not mask_p[:, 130:].any() and not taps[0][:, 130:].any()
+    assert anchors_p.shape == (2, 16) and not valid_p[:, 9:].any()           # 16 anchors x 16 slots = 2 tiles
+    assert pad_to_tiles([], None, ids, mask, anchors, valid, block_size=32)[4].shape == (2, 12)  # 12 x 32 = 3 tiles

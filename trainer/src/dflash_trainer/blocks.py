@@ -86,9 +86,10 @@ def dense_block_mask(anchors_BA: torch.Tensor, valid_BA: torch.Tensor, T: int, b
     return torch.cat([ctx_ok, blk_ok], dim=2)[:, None]
 
 
-def flex_block_mask(anchors_BA: torch.Tensor, valid_BA: torch.Tensor, T: int, block_size: int):
+def flex_block_mask(anchors_BA: torch.Tensor, valid_BA: torch.Tensor, T: int, block_size: int, make=None):
     """The same rule as dense_block_mask as a flex_attention BlockMask (CUDA): only the visible
-    128x128 tiles are computed, so the 1.3 G-entry dense mask of the seed shape never exists."""
+    128x128 tiles are computed, so the 1.3 G-entry dense mask of the seed shape never exists. `make` is the
+    create_block_mask to use (default: compiled on CUDA, eager elsewhere)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     B, A = anchors_BA.shape
@@ -101,8 +102,9 @@ def flex_block_mask(anchors_BA: torch.Tensor, valid_BA: torch.Tensor, T: int, bl
         own_block = (kv_idx >= T) & ((kv_idx - T) // block_size == q_block)
         return ctx_visible | own_block
 
-    # Compiled on CUDA: evaluating mask_mod eagerly would materialize the dense Q x (T+Q) grid first.
-    make = compiled_create_block_mask() if anchors_BA.device.type == "cuda" else create_block_mask
+    if make is None:
+        # Compiled on CUDA: evaluating mask_mod eagerly would materialize the dense Q x (T+Q) grid first.
+        make = compiled_create_block_mask() if anchors_BA.device.type == "cuda" else create_block_mask
     return make(mask_mod, B, None, Q, T + Q, device=anchors_BA.device)
 
 

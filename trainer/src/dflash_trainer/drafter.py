@@ -254,8 +254,12 @@ class DFlashDrafter(nn.Module):
         # Inductor's coalescing analysis failed an assertion (tiling_utils.get_pw_red_splits) when batches
         # of varying length recompiled these layers with dynamic shapes (torch 2.11, H200, the SmolLM2
         # proof); it only picks tilings, so it is switched off.
+        import torch._dynamo.config as dynamo_config
         import torch._inductor.config as inductor_config
         inductor_config.triton.coalesce_tiling_analysis = False
+        # The layers share one code object, and layer 0's input (the frozen embedding) needs no gradient, so each
+        # shape regime holds two graphs: room beyond dynamo's 8, so a late shape never sends the layers to eager.
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 32)
         for layer in self.layers:
             layer.compile()
 
