@@ -168,6 +168,16 @@ class TrainConfig:
     hs_sync_transfers: bool = flag(False, switch=True, group=TORCHRUN,
                                    help="move hidden states inside the training loops, one transfer at a time, "
                                         "overlapping no compute (slower; checks that the overlap changes no result)")
+    target_gpus_per_rank: int = flag(0, parse=parse_int, check=at_least(0), group=TORCHRUN,
+                                     help="GPUs one target rank spreads its layers over: --target-gpus is cut into "
+                                          "groups of this many, one target rank each (leftover GPUs idle); 1: a "
+                                          "full replica per GPU; 0: by measured size (the safetensors' bytes and "
+                                          "one --token-budget batch's activations against the GPUs' free memory; "
+                                          "1 on the CPU, where N > 1 splits over N 'cpu' devices)")
+    drafter_sharding: str = flag("auto", choices=("auto", "ddp", "fsdp"), group=TORCHRUN,
+                                 help="drafter ranks: ddp (a replica each) or fsdp (FSDP2: weights, gradients and "
+                                      "AdamW state sharded); auto: fsdp where the training state exceeds half the "
+                                      "drafter GPU's free memory, ddp on the CPU")
 
     epochs: int = flag(6, parse=parse_int, check=at_least(1), group=OPTIMIZATION,
                        help="passes over the data (the run stops at the first of --epochs, --max-steps and "

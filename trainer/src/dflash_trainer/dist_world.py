@@ -103,20 +103,45 @@ class World:
         return f"[rank {self.rank} {self.role} {self.role_rank}]"
 
 
-def plan_layout(cfg: TrainConfig, world_size: int, cuda: bool) -> tuple[int, int, list[dict]]:
-    """(T, D, per-rank layout) for this job, or StartupError naming the flag to change."""
+def uses_gpus(cfg: TrainConfig, cuda: bool) -> bool:
+    return cuda and cfg.device != "cpu" and bool(cfg.target_gpus + cfg.drafter_gpus)
+
+
+def gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> tuple[int, str]:
+    """(GPUs each target rank spreads its layers over, why): --target-gpus-per-rank, or measured (target_split)."""
+    if cfg.target_gpus_per_rank:
+        return cfg.target_gpus_per_rank, f"--target-gpus-per-rank {cfg.target_gpus_per_rank}"
+    if not uses_gpus(cfg, cuda) or not cfg.target_gpus:
+        return 1, "on the CPU"
+    from dflash_trainer.target_split import measured_gpus_per_rank
+    try:
+        return measured_gpus_per_rank(cfg.target_model, cfg.target_gpus, cfg.token_budget)
+    except (OSError, KeyError, ValueError) as e:
+        raise StartupError(f"the target's size could not be measured against the GPUs ({e}); pass "
+                           "--target-gpus-per-rank (1: a replica per GPU, N: layers split over N GPUs)") from None
+
+
+def plan_layout(cfg: TrainConfig, world_size: int, cuda: bool, per_rank: int = 1) -> tuple[int, int, list[dict]]:
+    """(T, D, per-rank layout) for this job, or StartupError naming the flag to change. A target rank's layers
+    go over `per_rank` devices (its layout row's `devices`, when more than one)."""
     gpus = cfg.target_gpus + cfg.drafter_gpus
-    use_gpus = cuda and cfg.device != "cpu" and bool(gpus)
-    if use_gpus:
-        T, D = len(cfg.target_gpus), len(cfg.drafter_gpus)
-        if T < 1 or D < 1:
+    idle = []
+    if uses_gpus(cfg, cuda):
+        from dflash_trainer.target_split import target_groups
+        if not cfg.target_gpus or not cfg.drafter_gpus:
             raise StartupError(f"a torchrun job needs target and drafter GPUs; got --target-gpus {cfg.target_gpus} "
                                f"--drafter-gpus {cfg.drafter_gpus}: list at least one GPU in each")
+        try:
+            groups, idle = target_groups(cfg.target_gpus, per_rank)
+        except ValueError as e:
+            raise StartupError(str(e)) from None
+        T, D = len(groups), len(cfg.drafter_gpus)
         if T + D != world_size:
-            raise StartupError(f"--target-gpus {cfg.target_gpus} + --drafter-gpus {cfg.drafter_gpus} name {T + D} "
-                               f"ranks but torchrun started {world_size}; pass --nproc-per-node {T + D} "
+            per = f" ({per_rank} GPUs per target rank)" if per_rank > 1 else ""
+            raise StartupError(f"--target-gpus {cfg.target_gpus}{per} + --drafter-gpus {cfg.drafter_gpus} make "
+                               f"{T} + {D} ranks but torchrun started {world_size}; pass --nproc-per-node {T + D} "
                                "(times --nnodes) or change the GPU lists")
-        devices = [f"cuda:{g}" for g in cfg.target_gpus + cfg.drafter_gpus]
+        devices = [[f"cuda:{g}" for g in group] for group in groups] + [[f"cuda:{g}"] for g in cfg.drafter_gpus]
     else:
         if gpus and cfg.device != "cpu":
             raise StartupError(f"GPUs {sorted(set(gpus))} requested but CUDA is not available; pass "
@@ -126,9 +151,12 @@ def plan_layout(cfg: TrainConfig, world_size: int, cuda: bool) -> tuple[int, int
         if T < 1 or D < 1:
             raise StartupError(f"--target-ranks {T} leaves {D} drafter ranks of the {world_size} torchrun started; "
                                f"pass --target-ranks between 1 and {world_size - 1}")
-        devices = ["cpu"] * world_size
+        devices = [["cpu"] * per_rank] * T + [["cpu"]] * D
     layout = [{"rank": r, "role": "target" if r < T else "drafter", "role_rank": r if r < T else r - T,
-               "device": devices[r]} for r in range(world_size)]
+               "device": devices[r][0], **({"devices": devices[r]} if len(devices[r]) > 1 else {})}
+              for r in range(world_size)]
+    if idle and layout:
+        layout[0]["idle_gpus"] = idle
     return T, D, layout
 
 
@@ -158,7 +186,12 @@ def init_world(cfg: TrainConfig) -> World:
     die_with_parent()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     pid_file = write_pid_file(cfg.run_dir, rank)
-    T, D, layout = plan_layout(cfg, world_size, torch.cuda.is_available())
+    per_rank, why = gpus_per_target_rank(cfg, torch.cuda.is_available())
+    T, D, layout = plan_layout(cfg, world_size, torch.cuda.is_available(), per_rank)
+    if rank == 0 and per_rank > 1:
+        idle = layout[0].get("idle_gpus")
+        print(f"[rank 0] each target rank splits its layers over {per_rank} devices ({why})"
+              + (f"; GPUs {idle} stay idle (not a whole group)" if idle else ""), flush=True)
     device = torch.device(layout[rank]["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -3,6 +3,8 @@
 Feature of tapped layer id i = the output of decoder layer i = HF `hidden_states[i + 1]` (DFLASH.md).
 For soft labels it also returns the final-normed last hidden state (`last_hidden_state`); the loss
 applies lm_head to it chunk by chunk, so full-vocabulary logits never exist for a whole batch.
+With `split_over` (several devices, the first = `device`) the layers are spread over them (target_split.py);
+the taps and last hidden state come back on `device` either way.
 """
 
 from __future__ import annotations
@@ -11,12 +13,19 @@ import torch
 
 
 class FrozenTarget:
-    def __init__(self, model_dir: str, device: torch.device, layer_ids: list[int], need_last_hidden: bool):
+    def __init__(self, model_dir: str, device: torch.device, layer_ids: list[int], need_last_hidden: bool,
+                 split_over: list[torch.device] | None = None):
         from transformers import AutoModelForCausalLM
 
         # bf16 on GPU (the serving dtype); fp32 on CPU, where bf16 matmuls are slow and tests want exactness.
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        self.layer_devices = None
+        if split_over and len(split_over) > 1:
+            from dflash_trainer.target_split import place_layers
+            self.layer_devices = place_layers(self.model, split_over)
+        else:
+            self.model.to(device)
         self.model.requires_grad_(False)
         self.config = self.model.config
         self.device = device
@@ -38,6 +47,6 @@ class FrozenTarget:
         # Right padding under a causal mask never changes the states of real positions, so no
         # attention_mask is passed (it would force the slower masked attention path).
         out = self.model.model(input_ids=input_ids_BT.to(self.device), output_hidden_states=True, use_cache=False)
-        taps = [out.hidden_states[i + 1] for i in self.layer_ids]
-        last = out.last_hidden_state if self.need_last_hidden else None
+        taps = [out.hidden_states[i + 1].to(self.device) for i in self.layer_ids]
+        last = out.last_hidden_state.to(self.device) if self.need_last_hidden else None
         return taps, last
