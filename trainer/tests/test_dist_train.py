@@ -4,38 +4,16 @@ Every job is a real `python -m torch.distributed.run --standalone` of dflash-tra
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd, wait_for
+from trainer_testlib import alive, rank_pids, read_heartbeat, read_metrics, start, torchrun_cmd, train_cmd, wait_for
 from dflash_trainer.checkpoint import find_latest
 from dflash_trainer.hs_queue import HiddenStateQueue, QueueClosed
 
 STEPS = 24
-
-
-def torchrun_cmd(tiny, out_dir, nproc, target_ranks, *extra):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            "-m", "dflash_trainer.cli", *train_cmd(tiny, out_dir, "--target-ranks", str(target_ranks), *extra)[3:]]
-
-
-def alive(pid):
-    """Running (a zombie waiting for its reaper is dead)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\tZ" not in next(line for line in f if line.startswith("State:"))
-    except (OSError, StopIteration):
-        return False
-
-
-def rank_pids(run_dir, count):
-    paths = [os.path.join(run_dir, "ranks", f"{r}.pid") for r in range(count)]
-    wait_for(lambda: all(os.path.exists(p) for p in paths), timeout=60)
-    return [int(open(p).read()) for p in paths]
 
 
 def losses(run_dir):

@@ -6,14 +6,12 @@ and the run resumes from it once space is freed. Mounting needs root (the harnes
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import subprocess
 
 import pytest
 
-from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd, wait_for
+from trainer_testlib import dir_bytes, fill, read_heartbeat, read_metrics, small_tmpfs, start, train_cmd, wait_for
 from dflash_trainer.checkpoint import checkpoints_dir, find_latest, load_checkpoint
 from dflash_trainer.heartbeat import RESERVE_NAME, Heartbeat
 
@@ -22,33 +20,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs need
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "disk") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
-
-
-def fill(disk, leave_bytes):
-    """Fills `disk` with one file until ENOSPC, then shrinks it so that about `leave_bytes` stay free."""
-    filler = disk / "filler"
-    chunk = b"\0" * (64 << 10)
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        while True:
-            os.write(fd, chunk)  # unbuffered: what returns is on the disk
-    except OSError as e:
-        assert e.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    os.truncate(filler, max(0, os.path.getsize(filler) - leave_bytes))
-    return filler
-
-
-def dir_bytes(path):
-    return sum(os.path.getsize(os.path.join(path, name)) for name in os.listdir(path))
 
 
 def test_heartbeat_failed_reaches_a_full_disk_through_its_reserve(small_disk):

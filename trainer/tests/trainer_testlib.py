@@ -5,6 +5,8 @@ import` would pick whichever conftest was imported first.)"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib.util
 import json
 import os
@@ -67,3 +69,56 @@ def read_metrics(run_dir):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def torchrun_cmd(tiny, out_dir, nproc, target_ranks, *extra):
+    """train_cmd's job under `torchrun --standalone` on the CPU: ranks 0..target_ranks-1 run the target."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            "-m", "dflash_trainer.cli", *train_cmd(tiny, out_dir, "--target-ranks", str(target_ranks), *extra)[3:]]
+
+
+def alive(pid):
+    """Running (a zombie waiting for its reaper is dead)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\tZ" not in next(line for line in f if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return False
+
+
+def rank_pids(run_dir, count):
+    """The pids of a torchrun job's ranks 0..count-1 (<run-dir>/ranks/<rank>.pid), once all are written."""
+    paths = [os.path.join(run_dir, "ranks", f"{r}.pid") for r in range(count)]
+    wait_for(lambda: all(os.path.exists(p) for p in paths), timeout=60)
+    return [int(open(p).read()) for p in paths]
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount_point, size="32m"):
+    """A real tmpfs of `size` at `mount_point` (needs root), unmounted after."""
+    os.makedirs(mount_point, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def fill(disk, leave_bytes):
+    """Fills `disk` with one file until ENOSPC, then shrinks it so that about `leave_bytes` stay free."""
+    filler = disk / "filler"
+    chunk = b"\0" * (64 << 10)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        while True:
+            os.write(fd, chunk)  # unbuffered: what returns is on the disk
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    os.truncate(filler, max(0, os.path.getsize(filler) - leave_bytes))
+    return filler
+
+
+def dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(path, name)) for name in os.listdir(path))

@@ -12,6 +12,7 @@ stops the drafter instead of leaving it waiting.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 
@@ -126,6 +127,13 @@ class HiddenStateQueue:
             if self._error is not None:
                 raise QueueClosed(f"hidden-state receiver failed: {self._error}") from self._error
             raise QueueClosed("hidden-state queue is empty and the receiver has finished")
+
+    def peek(self, count: int) -> list:
+        """The first `count` items (fewer if no more come), left in the queue: the compile warm-up runs on them
+        and the loop trains on them after, so the queue never holds more than its depth."""
+        self.wait_ready(count)
+        with self._cond:
+            return list(itertools.islice(self._items, count))
 
     def drain(self) -> None:
         """The loop stopped early: drop what is held and discard what still arrives (targets must not block)."""

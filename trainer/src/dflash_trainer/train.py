@@ -11,7 +11,6 @@ import json
 import math
 import os
 import random
-import shutil
 import threading
 import time
 import zlib
@@ -20,9 +19,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from dflash_trainer.checkpoint import FILES as CHECKPOINT_FILES
 from dflash_trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
-from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids, snapshot_name
+from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids
 from dflash_trainer.data import BatchLoader, TokenizedDataset
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.export import drafter_config_from_export
@@ -31,6 +29,7 @@ from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.schedule import Schedule
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, Profiler
+from dflash_trainer.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
 from dflash_trainer.wandb_log import WandbLog, check_available
 
 
@@ -133,25 +132,11 @@ def initial_weights(path: str, cfg: DrafterConfig) -> dict[str, torch.Tensor]:
     return state
 
 
-def link_snapshot(checkpoint: str, dst: str) -> None:
-    """<output-dir>/snapshots/<M>min: hard links to a checkpoint's files (never rewritten in place, so pruning
-    the step dir later leaves the snapshot whole), published by a rename; a copy where links fail."""
-    tmp = dst + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    for name in CHECKPOINT_FILES:
-        try:
-            os.link(os.path.join(checkpoint, name), os.path.join(tmp, name))
-        except OSError:
-            shutil.copy2(os.path.join(checkpoint, name), os.path.join(tmp, name))
-    if os.path.exists(dst):
-        shutil.rmtree(dst)
-    os.rename(tmp, dst)
-
-
-def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=time.monotonic) -> int:
+def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=None) -> int:
     """Trains until the epochs, --max-steps or --time-budget-min end, or SIGTERM (`stop`). `clock` measures the
-    training time (the schedule, the budget and the snapshots); it is read once per optimizer step."""
+    training time (the schedule, the budget and the snapshots; default wall_clock.training_clock()); it is read once
+    per optimizer step."""
+    clock = clock or training_clock()
     target_device, drafter_device = resolve_devices(cfg)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -259,23 +244,26 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=tim
     def snapshot(minutes: float) -> None:
         if saved["step"] != step:
             checkpoint()
-        dst = os.path.join(cfg.output_dir, "snapshots", snapshot_name(minutes))
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        link_snapshot(saved["path"], dst)
-        snapshots.write({"minutes": minutes, "step": step, "train_s": round(train_s, 1), "epoch": loader.epoch,
-                         "sequences": num_sequences, "passes": round(num_sequences / len(dataset), 2),
-                         "loss": last_row.get("loss"), "slot_acc": last_row.get("slot_acc"),
-                         "tau_proxy": last_row.get("tau_proxy"), "checkpoint": dst})
+        dst = keep_snapshot(cfg, snapshots, minutes, saved["path"], step=step, train_s=train_s, epoch=loader.epoch,
+                            sequences=num_sequences, dataset_rows=len(dataset), metrics=last_row)
         log(f"snapshot at {minutes:g} min of training: step {step}, {num_sequences} sequences, {dst}")
 
     drafter.train()
     if cfg.compile_warmup_batches:
         t0 = time.perf_counter()
-        compile_warmup(cfg, loader, target, drafter, optimizer, drafter_device)
+        position = loader.state_dict()
+
+        def warmup_batches():
+            for _ in range(cfg.compile_warmup_batches):
+                batch = loader.next_batch()
+                taps, last = target(batch.input_ids)
+                yield taps, last, batch.input_ids, batch.loss_mask, batch.lengths
+
+        compile_warmup(cfg, drafter, optimizer, warmup_batches())
+        loader.load_state_dict(position)  # nothing trained, nothing skipped
         log(f"compile warm-up: {cfg.compile_warmup_batches} micro-batches, not trained on, "
             f"{time.perf_counter() - t0:.1f} s (outside the training time)")
-    pending = [m for m in cfg.snapshot_plan()
-               if not os.path.isdir(os.path.join(cfg.output_dir, "snapshots", snapshot_name(m)))]
+    pending = pending_snapshots(cfg)
     heartbeat.set_phase("training", step=step, epoch=loader.epoch)
     num_bad_in_row, budget_spent = 0, False
     t_clock = clock()
@@ -382,22 +370,3 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=tim
         log(f"finished: {step} optimizer steps, {train_s:.1f} s of training; {why}")
         heartbeat.set_phase("finished", step=step, epoch=loader.epoch)
     return 0
-
-
-def compile_warmup(cfg: TrainConfig, loader: BatchLoader, target, drafter: DFlashDrafter,
-                   optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Forward and backward of the next --compile-warmup-batches micro-batches (compilation, allocator), then the
-    gradients are dropped and the data position restored: nothing is trained, nothing is skipped. Its random
-    draws come from seeded generators (step.derived_seed), so the run's RNG state is untouched."""
-    position = loader.state_dict()
-    for i in range(cfg.compile_warmup_batches):
-        batch = loader.next_batch()
-        taps, last = target(batch.input_ids)
-        out = drafter_micro_batch(drafter, taps, last, batch.input_ids, batch.loss_mask, batch.lengths,
-                                  max_anchors=cfg.max_anchors, gamma=cfg.gamma, noise_amplitude=0.0,
-                                  seed=derived_seed(cfg.seed, -1, i), head_chunk_size=cfg.head_chunk_size)
-        out.loss.backward()
-    optimizer.zero_grad(set_to_none=True)
-    loader.load_state_dict(position)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
