@@ -7,8 +7,8 @@ from dflash_trainer.config import StartupError, TrainConfig
 from dflash_trainer.dist_world import plan_layout
 from dflash_trainer.drafter_parallel import choose_sharding, pad_micro_batches
 from dflash_trainer.target import FrozenTarget
-from dflash_trainer.target_split import (activation_bytes, gpus_per_target_rank, layer_devices, safetensors_numel,
-                                         target_groups)
+from dflash_trainer.target_split import (activation_bytes, gpus_per_target_rank, layer_devices, layer_ranges,
+                                         safetensors_numel, target_groups)
 
 GB = 10**9
 H200_FREE = 141 * GB
@@ -48,6 +48,9 @@ def test_layers_go_in_contiguous_ranges():
     assert layer_devices(64, ["a", "b"]) == ["a"] * 32 + ["b"] * 32
     with pytest.raises(ValueError, match="cannot split 2 layers over 3 devices"):
         layer_devices(2, ["a", "b", "c"])
+    # equal devices (the CPU) still read as the ranges they are
+    cpus = [torch.device("cpu"), torch.device("cpu")]
+    assert layer_ranges(layer_devices(5, cpus)) == "layers 0-2 on cpu, 3-4 on cpu"
 
 
 def test_safetensors_size_is_read_from_the_headers(tiny):
@@ -103,6 +106,6 @@ def test_drafter_sharding_choice(mode, numel, free, expected):
 
 def test_fsdp_pads_a_short_last_step_to_the_first_ranks_count():
     # 2 drafters x accum 2, a last step of 3 micro-batches: rank 0 has 2, rank 1 has 1 -> one zero-weighted extra
-    assert [pad_micro_batches(n, 3, 2, d, sharded=True) for d, n in ((0, 2), (1, 1))] == [0, 1]
-    assert pad_micro_batches(0, 1, 2, 1, sharded=True) == 1
-    assert pad_micro_batches(1, 3, 2, 1, sharded=False) == 0
+    assert [pad_micro_batches(n, 3, 2, sharded=True) for n in (2, 1)] == [0, 1]
+    assert pad_micro_batches(0, 1, 2, sharded=True) == 1  # a rank with none at all repeats its last one
+    assert pad_micro_batches(1, 3, 2, sharded=False) == 0

@@ -26,7 +26,6 @@ skips no batch; items still in the queues are dropped and recomputed.
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
@@ -46,18 +45,16 @@ from dflash_trainer.config import StartupError, TrainConfig, default_target_laye
 from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
 from dflash_trainer.dist_world import World, close_world, init_world
 from dflash_trainer.drafter import DrafterConfig
-from dflash_trainer.failures import ExplainedFailure
-from dflash_trainer.heartbeat import RESERVE_NAME, Heartbeat
+from dflash_trainer.drafter_parallel import ParallelDrafter, agree_on_sharding, choose_sharding, pad_micro_batches
+from dflash_trainer.heartbeat import Heartbeat
 from dflash_trainer.hs_queue import HiddenStateQueue, batch_tap_bytes, check_host_memory, mem_available
 from dflash_trainer.hs_transport import Item, Receiver, Sender
 from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, profile_line
-from dflash_trainer.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
 from dflash_trainer.wandb_log import WandbLog, check_available
 
 STOP_REQUESTED, STOP_AT, PROGRESS, ERROR = "dflash/stop_requested", "dflash/stop_at", "dflash/progress", "dflash/error"
-ERRORS = "dflash/errors"  # failures counted: the first failing rank's error is the job's
 RANK_PROGRESS = "dflash/rank/"  # + rank: that rank's last RankProgress row
 
 
@@ -169,18 +166,6 @@ class _Frozen:
         return self.head
 
 
-class _DDPDrafter(torch.nn.parallel.DistributedDataParallel):
-    """DDP whose unknown attributes (cfg, fc, lm_head) are the drafter's, so step.drafter_micro_batch takes it."""
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name == "module":
-                raise
-            return getattr(super().__getattr__("module"), name)
-
-
 def log(world: World, msg: str) -> None:
     print(f"{world.tag()} {msg}", flush=True)
 
@@ -191,7 +176,12 @@ def _store_int(store, key: str) -> int | None:
 
 def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading.Event, nvml: NvmlTelemetry) -> None:
     from dflash_trainer.target import FrozenTarget
-    target = FrozenTarget(cfg.target_model, world.device, layer_ids, need_last_hidden=cfg.use_soft_labels)
+    from dflash_trainer.target_split import layer_ranges
+    split_over = [torch.device(d) for d in world.layout[world.rank].get("devices", [])]
+    target = FrozenTarget(cfg.target_model, world.device, layer_ids, need_last_hidden=cfg.use_soft_labels,
+                          split_over=split_over)
+    if target.layer_devices:
+        log(world, "target layers split: " + layer_ranges(target.layer_devices))
     dist.barrier()  # every rank is loaded: the drafters' receivers start only now
     T, D, accum = world.num_target_ranks, world.num_drafter_ranks, cfg.grad_accum
     progress = RankProgress(world, cfg)
@@ -253,8 +243,6 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     torch.manual_seed(cfg.seed)  # the drafter's init draws exactly as in the single-process run
     drafter = training_drafter(drafter_cfg, frozen, world.device, cfg.compile_layers)
     del frozen
-    trainable = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
     lr_schedule = LrSchedule(cfg, total_steps)
     step, num_bad_total, train_s, num_sequences = 0, 0, 0.0, 0
     if state is not None:
@@ -262,13 +250,22 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
         if DrafterConfig.from_dict(saved_cfg) != drafter_cfg:
             raise StartupError("the checkpoint was trained with a different drafter config; use a new --output-dir "
                                "or the original flags")
-        drafter.load_trainable_state_dict(model_state)
-        optimizer.load_state_dict(train_state["optimizer"])
+        drafter.load_trainable_state_dict(model_state)  # whole, before FSDP shards it
         step, num_bad_total = train_state["step"], train_state.get("num_bad_steps", 0)
         train_s, num_sequences = train_state["scheduler"].get("train_s", 0.0), train_state.get("num_sequences", 0)
-    train_s0 = train_s  # the training time of the checkpoint resumed from: the clock goes on from there
-    ddp = _DDPDrafter(drafter, process_group=world.drafter_group,
-                      device_ids=[world.device] if world.device.type == "cuda" else None)
+    free = torch.cuda.mem_get_info(world.device)[0] if world.device.type == "cuda" else None
+    numel = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    frozen_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters() if not p.requires_grad)
+    mode, why = choose_sharding(cfg.drafter_sharding, numel, frozen_bytes, free)
+    mode = agree_on_sharding(mode, world.drafter_group)
+    if world.is_drafter_leader:
+        log(world, f"drafter ranks: {mode} ({why})")
+    parallel = ParallelDrafter(drafter, mode, world.drafter_group, world.device)
+    ddp = parallel.model
+    trainable = [p for p in drafter.parameters() if p.requires_grad]  # FSDP's sharded ones: after wrapping
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if state is not None:
+        parallel.load_optimizer(optimizer, train_state["optimizer"])
 
     def mine(slots):
         return [s for s in slots if s.micro // accum == d]
@@ -291,24 +288,7 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     else:
         log(world, f"waiting for {hs_queue.min_ready} of my {num_mine} micro-batches (queue depth {hs_queue.depth})")
         hs_queue.wait_ready(hs_queue.min_ready, stop)
-    # --compile-warmup-batches: forward and backward on my first micro-batches, which stay mine to train on (left
-    # in the queue; with --hs-sync-transfers held here), before the clock starts; no collective, no DDP hook
-    held = []
-    if cfg.compile_warmup_batches and not stop.is_set():
-        t0 = time.perf_counter()
-        if cfg.hs_sync_transfers:
-            held = [receiver.next_item() for _ in range(min(cfg.compile_warmup_batches, num_mine))]
-            warm = held
-        else:
-            warm = hs_queue.peek(min(cfg.compile_warmup_batches, num_mine, hs_queue.depth))
-        count = compile_warmup(cfg, drafter, optimizer, ((i.taps, i.last, i.input_ids, i.loss_mask, i.lengths)
-                                                          for i in warm))
-        del warm
-        log(world, f"compile warm-up: {count} micro-batches, not trained on, {time.perf_counter() - t0:.1f} s "
-                   "(outside the training time)")
-
-    def next_item():
-        return held.pop(0) if held else (receiver.next_item if cfg.hs_sync_transfers else hs_queue.get)()
+    next_item = receiver.next_item if cfg.hs_sync_transfers else hs_queue.get
 
     leader = world.is_drafter_leader
     metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl")) if leader else None
@@ -316,59 +296,28 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     wandb_profiled = time.time()
     S = drafter_cfg.block_size
     window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
-    data_state, saved = None, {"step": step if state is not None else -1, "path": None}
-    snapshots = JsonlWriter(os.path.join(cfg.run_dir, "snapshots.jsonl")) if leader else None
-    pending, last_row, clock = pending_snapshots(cfg), {}, training_clock()
+    data_state, last_saved = None, step if state is not None else -1
 
     def checkpoint() -> None:
-        if leader:  # a full disk raises CheckpointWriteError here: main() ends the job with its one line
+        weights, optimizer_state = parallel.full_state(optimizer)  # FSDP gathers on every drafter rank
+        if leader:
             t0 = time.perf_counter()
-            train_state = {"optimizer": optimizer.state_dict(), "scheduler": {"train_s": train_s},
+            train_state = {"optimizer": optimizer_state, "scheduler": {"train_s": train_s},
                            "data": data_state, "rng": rng_state(), "step": step, "num_bad_steps": num_bad_total,
                            "num_sequences": num_sequences, "config": cfg.to_dict(), "world": world.layout}
-            saved["path"] = save_checkpoint(cfg.output_dir, step, drafter.trainable_state_dict(),
-                                            drafter_cfg.to_dict(), train_state, cfg.keep_checkpoints)
-            log(world, f"checkpoint {saved['path']} ({time.perf_counter() - t0:.2f} s)")
-        saved["step"] = step
+            path = save_checkpoint(cfg.output_dir, step, weights, drafter_cfg.to_dict(),
+                                   train_state, cfg.keep_checkpoints)
+            log(world, f"checkpoint {path} ({time.perf_counter() - t0:.2f} s)")
         dist.barrier(group=world.drafter_group)  # no drafter leaves before the checkpoint is complete
-
-    def write_metrics(lr: float, amp: float, grad_norm: float) -> None:
-        nonlocal window
-        acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
-        row = {"step": step, "epoch": data_state["epoch"], "loss": window["loss"] / window["steps"],
-               "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
-               "tokens_per_s": window["tokens"] / window["time"], "lr": lr, "noise": amp, "grad_norm": grad_norm,
-               "num_bad_steps": num_bad_total, "data_crc": window["crc"], "train_s": round(train_s, 3),
-               "sequences": num_sequences, "queue_high_water": hs_queue.high_water,
-               "queue_wait_s": round(hs_queue.wait_s, 4), "time": time.time()}
-        metrics.write(row)
-        last_row.update(row)
-        if wandb_run is not None:
-            wandb_run.metrics(row)
-        log(world, f"step {step} epoch {data_state['epoch']} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
-                   f"tau {row['tau_proxy']:.3f} tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} noise {amp:.4f} "
-                   f"train {train_s:.1f} s queue {len(hs_queue)}/{hs_queue.depth}")
-        window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
-
-    def snapshot(minutes: float) -> None:  # on every drafter rank at the same step (train_s is agreed)
-        if saved["step"] != step:
-            checkpoint()
-        if leader:
-            if window["steps"]:
-                write_metrics(lr, amp, float(grad_norm))
-            dst = keep_snapshot(cfg, snapshots, minutes, saved["path"] or find_latest(cfg.output_dir), step=step,
-                                train_s=train_s, epoch=data_state["epoch"], sequences=num_sequences,
-                                dataset_rows=len(schedule_factory().loader.dataset), metrics=last_row)
-            log(world, f"snapshot at {minutes:g} min of training: step {step}, {num_sequences} sequences, {dst}")
 
     def agree_to_stop(local: bool) -> bool:
         flag = torch.tensor([float(local or stop.is_set() or world.store.check([STOP_REQUESTED]))])
         dist.all_reduce(flag, group=world.drafter_group)
         return flag.item() > 0
 
-    stopping, budget_spent = agree_to_stop(False), False
+    stopping = agree_to_stop(False)
     drafter.train()
-    t_clock = clock()  # the first drafter rank's clock is the job's (the others' readings are not used)
+    last_item = None  # FSDP repeats it, zero-weighted, where a short last step leaves this rank fewer micro-batches
     for s, slots, data_after in ([] if stopping else schedule_factory().steps()):
         t_step = time.perf_counter()
         lr, amp = lr_schedule.lr(s, train_s), lr_schedule.noise(s, train_s)
@@ -377,7 +326,10 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
         my_slots = mine(slots)
         # DDP all-reduces during the last backward; when some drafter has no micro-batch in this (last, short)
         # step, every drafter sums gradients by hand instead, so nobody waits for a backward that never comes.
-        by_hand = len(slots) <= (D - 1) * accum
+        # FSDP shards instead: every drafter runs as many forwards (gathers) as the first, padding with zero-weighted
+        # repeats of its last micro-batch, and the reduce-scatter of the last backward averages as DDP does.
+        by_hand = len(slots) <= (D - 1) * accum and not parallel.sharded
+        extra = pad_micro_batches(len(my_slots), len(slots), accum, parallel.sharded)
         loss_sum = torch.zeros((), device=world.device)
         correct, count, tokens = torch.zeros(S, device=world.device), torch.zeros(S, device=world.device), 0
         for i, slot in enumerate(my_slots):
@@ -385,9 +337,9 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
             item = next_item()
             progress.add("queue_wait", time.perf_counter() - t_wait)
             assert (item.k, item.micro) == (slot.k, slot.micro), (item.k, slot.k)
-            sync = by_hand or i + 1 < len(my_slots)
+            sync = by_hand or i + 1 < len(my_slots) + extra
             t_fwd = time.perf_counter()
-            with ddp.no_sync() if sync else _nothing():
+            with parallel.no_sync() if sync else _nothing():
                 out = drafter_micro_batch(ddp, item.taps, item.last, item.input_ids, item.loss_mask, item.lengths,
                                           max_anchors=cfg.max_anchors, gamma=cfg.gamma, noise_amplitude=amp,
                                           seed=derived_seed(cfg.seed, s, slot.micro),
@@ -398,6 +350,17 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
             correct += out.slot_correct
             count += out.slot_count
             tokens += int(item.lengths.sum())
+            last_item = item
+        for i in range(extra):
+            if last_item is None:
+                raise RuntimeError(f"drafter rank {d} has no micro-batch to repeat under FSDP; use "
+                                   "--drafter-sharding ddp or more data")
+            with parallel.no_sync() if i + 1 < extra else _nothing():
+                out = drafter_micro_batch(ddp, last_item.taps, last_item.last, last_item.input_ids,
+                                          last_item.loss_mask, last_item.lengths, max_anchors=cfg.max_anchors,
+                                          gamma=cfg.gamma, noise_amplitude=0.0, seed=derived_seed(cfg.seed, s, -1),
+                                          head_chunk_size=cfg.head_chunk_size)
+                (out.loss * 0.0).backward()
         t_opt = time.perf_counter()
         if by_hand:
             for p in trainable:
@@ -405,19 +368,18 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
                     p.grad = torch.zeros_like(p)
                 dist.all_reduce(p.grad, group=world.drafter_group)
                 p.grad /= D
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        grad_norm = parallel.clip_grad_norm(trainable, cfg.grad_clip)
         local_stop = stop.is_set() or world.store.check([STOP_REQUESTED])
-        # the one host sync per optimizer step (CPU tensor: gloo, also in a cpu:gloo,cuda:nccl group); it carries
-        # the first drafter's clock reading (the others add 0), so every drafter holds the same training time
+        # the one host sync per optimizer step (CPU tensor: gloo, also in a cpu:gloo,cuda:nccl group); the
+        # step's time is averaged, so every drafter holds the same train_s (a time-budget schedule stays in step)
         stats = torch.tensor([float(loss_sum), len(my_slots), tokens, float(local_stop),
-                              clock() - t_clock if leader else 0.0, sum(len(x.indices) for x in my_slots)]
+                              time.perf_counter() - t_step, sum(len(x.indices) for x in my_slots)]
                              + correct.tolist() + count.tolist(), dtype=torch.float64)
         dist.all_reduce(stats, group=world.drafter_group)
         loss_value, tokens_all = stats[0].item() / stats[1].item(), int(stats[2])
-        train_s = train_s0 + stats[4].item()
+        train_s += stats[4].item() / D
         num_sequences += int(stats[5])
-        budget_spent = lr_schedule.budget_spent(train_s)
-        stopping = stats[3].item() > 0 or budget_spent
+        stopping = stats[3].item() > 0 or lr_schedule.budget_spent(train_s)
         correct_all, count_all = stats[6:6 + S], stats[6 + S:]
         if math.isfinite(loss_value) and math.isfinite(float(grad_norm)):
             optimizer.step()
@@ -443,35 +405,43 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
             world.store.set(PROGRESS, json.dumps({"step": step, "epoch": data_state["epoch"], "loss": loss_value,
                                                   "tokens_per_s": tokens_all / max(elapsed, 1e-9),
                                                   "queue_depth": len(hs_queue)}))
-        if leader and (step % cfg.log_interval == 0 or step == total_steps or stopping):
-            write_metrics(lr, amp, float(grad_norm))
+        if leader and (step % cfg.log_interval == 0 or step == total_steps):
+            acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
+            row = {"step": step, "epoch": data_state["epoch"], "loss": window["loss"] / window["steps"],
+                   "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
+                   "tokens_per_s": window["tokens"] / window["time"], "lr": lr,
+                   "noise": amp, "grad_norm": float(grad_norm), "num_bad_steps": num_bad_total,
+                   "data_crc": window["crc"], "queue_high_water": hs_queue.high_water,
+                   "queue_wait_s": round(hs_queue.wait_s, 4), "time": time.time()}
+            metrics.write(row)
+            if wandb_run is not None:
+                wandb_run.metrics(row)
+            log(world, f"step {step} epoch {data_state['epoch']} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
+                       f"tau {row['tau_proxy']:.3f} tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} queue {len(hs_queue)}"
+                       f"/{hs_queue.depth}")
+            window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
         if wandb_run is not None and time.time() - wandb_profiled >= cfg.profile_interval:
             wandb_profiled = time.time()
             wandb_job_profile(wandb_run, world, step, nvml)
-        while pending and train_s >= pending[0] * 60:  # the weights after this step, at these minutes
-            snapshot(pending.pop(0))
         if stopping:
             break
         if step % cfg.checkpoint_interval == 0:
             checkpoint()
+            last_saved = step
 
     if stopping and leader:
         world.store.set(STOP_AT, str(step - 1))  # targets send nothing for later steps
     if stopping:
         hs_queue.drain()
-    if saved["step"] != step and data_state is not None:
+    if last_saved != step and data_state is not None:
         checkpoint()
-    if leader:
-        snapshots.close()
     receiver.join()
     progress.update(force=True, done=True)
     dist.barrier(group=world.drafter_group)  # every drafter's last row is in the store for the last W&B profile
     if wandb_run is not None:
         wandb_job_profile(wandb_run, world, step, nvml)
         wandb_run.close()
-    why = f"the time budget of {cfg.time_budget_min:g} min is spent" if budget_spent else \
-        "stopped" if stopping else "--max-steps or the epochs ended"
-    log(world, f"drafter done at step {step}, {train_s:.1f} s of training ({why}); queue high water "
+    log(world, f"drafter done at step {step}{' (stopped)' if stopping else ''}; queue high water "
                f"{hs_queue.high_water}/{hs_queue.depth}, waited {hs_queue.wait_s:.2f} s for hidden states")
 
 
@@ -511,26 +481,10 @@ class _nothing:
         return False
 
 
-def _first_error(world: World, error: str) -> str:
-    """The job's error: `error` if this rank failed first (recorded in the store), else the first one's."""
-    try:
-        if world.store.add(ERRORS, 1) == 1:
-            world.store.set(ERROR, error)
-            return error
-        world.store.wait([ERROR], datetime.timedelta(seconds=2))
-        return world.store.get(ERROR).decode()
-    except Exception:  # noqa: BLE001 - the store went with the agent: our own error it is
-        return error
-
-
 def _relay_progress(world: World, heartbeat: Heartbeat, done: threading.Event) -> None:
-    """Rank 0 writes the heartbeat; the step, loss and speed are the first drafter rank's (via the store). A
-    rank's failure (in the store) makes it `failed` at once, whatever rank 0 is doing."""
+    """Rank 0 writes the heartbeat; the step, loss and speed are the first drafter rank's (via the store)."""
     while not done.wait(heartbeat.interval_s):
         try:
-            if world.store.check([ERROR]):
-                heartbeat.set_phase("failed", error=world.store.get(ERROR).decode())
-                return
             _read_progress(world, heartbeat)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the run; the next poll retries
             pass
@@ -622,23 +576,19 @@ def main(cfg: TrainConfig) -> int:
         dist.barrier()
         status = 0
     except BaseException as e:  # noqa: BLE001 - every failure must name its rank and reach the log
-        explained = isinstance(e, (StartupError, ExplainedFailure))  # a refusal, a full disk: the line says it all
-        message = " ".join((str(e) if explained else f"{type(e).__name__}: {e}").split())
-        first = _first_error(world, f"rank {world.rank}: {message}")
-        try:  # as in one process: a full disk leaves room for the lines below and the `failed` heartbeat
-            os.unlink(os.path.join(cfg.run_dir, RESERVE_NAME))
-        except OSError:
-            pass
-        if explained:  # one line, as dflash-train fails in one process
-            print(f"dflash-train: error: rank {world.rank}: {message}", file=sys.stderr, flush=True)
-        elif first.startswith(f"rank {world.rank}: "):
+        if isinstance(e, StartupError):  # a refusal: one line, as dflash-train refuses in one process
+            print(f"dflash-train: error: rank {world.rank}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        else:
             traceback.print_exc()
-            log(world, f"error: {message}")
-        else:  # a consequence (a peer's collective broke): the cause is the other rank's line
-            log(world, f"error: {message} (after {first.split(':')[0]} failed)")
+        message = " ".join(f"{type(e).__name__}: {e}".split())
+        log(world, f"error: {message}")
+        try:
+            world.store.set(ERROR, f"rank {world.rank}: {message}")
+        except Exception:  # noqa: BLE001
+            pass
         if heartbeat is not None:
             heartbeat.stop()
-            heartbeat.set_phase("failed", error=first)
+            heartbeat.set_phase("failed", error=f"rank {world.rank}: {message}")
         status = 2 if isinstance(e, StartupError) else 1
         os._exit(status)  # peers may be blocked in collectives with us: leave now, torchrun ends the job
     done.set()

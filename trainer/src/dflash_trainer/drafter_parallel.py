@@ -126,7 +126,7 @@ def _shard_like(value, param):
     return value
 
 
-def pad_micro_batches(num_mine: int, num_slots: int, accum: int, drafter_rank: int, sharded: bool) -> int:
+def pad_micro_batches(num_mine: int, num_slots: int, accum: int, sharded: bool) -> int:
     """How many extra zero-weighted micro-batches this drafter rank runs in a step of `num_slots` micro-batches:
     under FSDP every rank runs as many forwards as the first drafter rank (which has the most); DDP needs none."""
     if not sharded:

@@ -87,6 +87,16 @@ def layer_devices(num_layers: int, devices: list) -> list:
     return out
 
 
+def layer_ranges(per_layer: list) -> str:
+    """'layers 0-3 on cuda:0, 4-7 on cuda:1' from each layer's device (a device may repeat: CPU tests)."""
+    parts, start = [], 0
+    for i in range(1, len(per_layer) + 1):
+        if i == len(per_layer) or per_layer[i] is not per_layer[start]:
+            parts.append(f"{start}-{i - 1} on {per_layer[start]}")
+            start = i
+    return "layers " + ", ".join(parts)
+
+
 def _to(value, device):
     if isinstance(value, torch.Tensor):
         return value.to(device, non_blocking=True)
