@@ -26,6 +26,7 @@ skips no batch; items still in the queues are dropped and recomputed.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -46,15 +47,18 @@ from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
 from dflash_trainer.dist_world import World, close_world, init_world
 from dflash_trainer.drafter import DrafterConfig
 from dflash_trainer.drafter_parallel import ParallelDrafter, agree_on_sharding, choose_sharding, pad_micro_batches
-from dflash_trainer.heartbeat import Heartbeat
+from dflash_trainer.failures import ExplainedFailure
+from dflash_trainer.heartbeat import RESERVE_NAME, Heartbeat
 from dflash_trainer.hs_queue import HiddenStateQueue, batch_tap_bytes, check_host_memory, mem_available
 from dflash_trainer.hs_transport import Item, Receiver, Sender
 from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, profile_line
+from dflash_trainer.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
 from dflash_trainer.wandb_log import WandbLog, check_available
 
 STOP_REQUESTED, STOP_AT, PROGRESS, ERROR = "dflash/stop_requested", "dflash/stop_at", "dflash/progress", "dflash/error"
+ERRORS = "dflash/errors"  # failures counted: the first failing rank's error is the job's
 RANK_PROGRESS = "dflash/rank/"  # + rank: that rank's last RankProgress row
 
 
@@ -253,6 +257,7 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
         drafter.load_trainable_state_dict(model_state)  # whole, before FSDP shards it
         step, num_bad_total = train_state["step"], train_state.get("num_bad_steps", 0)
         train_s, num_sequences = train_state["scheduler"].get("train_s", 0.0), train_state.get("num_sequences", 0)
+    train_s0 = train_s  # the training time of the checkpoint resumed from: the clock goes on from there
     free = torch.cuda.mem_get_info(world.device)[0] if world.device.type == "cuda" else None
     numel = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     frozen_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters() if not p.requires_grad)
@@ -288,7 +293,24 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     else:
         log(world, f"waiting for {hs_queue.min_ready} of my {num_mine} micro-batches (queue depth {hs_queue.depth})")
         hs_queue.wait_ready(hs_queue.min_ready, stop)
-    next_item = receiver.next_item if cfg.hs_sync_transfers else hs_queue.get
+    # --compile-warmup-batches: forward and backward on my first micro-batches, which stay mine to train on (left
+    # in the queue; with --hs-sync-transfers held here), before the clock starts; no collective, no DDP hook
+    held = []
+    if cfg.compile_warmup_batches and not stop.is_set():
+        t0 = time.perf_counter()
+        if cfg.hs_sync_transfers:
+            held = [receiver.next_item() for _ in range(min(cfg.compile_warmup_batches, num_mine))]
+            warm = held
+        else:
+            warm = hs_queue.peek(min(cfg.compile_warmup_batches, num_mine, hs_queue.depth))
+        count = compile_warmup(cfg, drafter, optimizer, ((i.taps, i.last, i.input_ids, i.loss_mask, i.lengths)
+                                                          for i in warm))
+        del warm
+        log(world, f"compile warm-up: {count} micro-batches, not trained on, {time.perf_counter() - t0:.1f} s "
+                   "(outside the training time)")
+
+    def next_item():
+        return held.pop(0) if held else (receiver.next_item if cfg.hs_sync_transfers else hs_queue.get)()
 
     leader = world.is_drafter_leader
     metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl")) if leader else None
@@ -296,27 +318,60 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     wandb_profiled = time.time()
     S = drafter_cfg.block_size
     window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
-    data_state, last_saved = None, step if state is not None else -1
+    data_state, saved = None, {"step": step if state is not None else -1, "path": None}
+    snapshots = JsonlWriter(os.path.join(cfg.run_dir, "snapshots.jsonl")) if leader else None
+    pending, last_row, clock = pending_snapshots(cfg), {}, training_clock()
 
     def checkpoint() -> None:
         weights, optimizer_state = parallel.full_state(optimizer)  # FSDP gathers on every drafter rank
-        if leader:
+        if leader:  # a full disk raises CheckpointWriteError here: main() ends the job with its one line
             t0 = time.perf_counter()
             train_state = {"optimizer": optimizer_state, "scheduler": {"train_s": train_s},
                            "data": data_state, "rng": rng_state(), "step": step, "num_bad_steps": num_bad_total,
                            "num_sequences": num_sequences, "config": cfg.to_dict(), "world": world.layout}
-            path = save_checkpoint(cfg.output_dir, step, weights, drafter_cfg.to_dict(),
-                                   train_state, cfg.keep_checkpoints)
-            log(world, f"checkpoint {path} ({time.perf_counter() - t0:.2f} s)")
+            saved["path"] = save_checkpoint(cfg.output_dir, step, weights,
+                                            drafter_cfg.to_dict(), train_state, cfg.keep_checkpoints)
+            log(world, f"checkpoint {saved['path']} ({time.perf_counter() - t0:.2f} s)")
+        saved["step"] = step
         dist.barrier(group=world.drafter_group)  # no drafter leaves before the checkpoint is complete
+
+    def write_metrics(lr: float, amp: float, grad_norm: float) -> None:
+        nonlocal window
+        acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
+        row = {"step": step, "epoch": data_state["epoch"], "loss": window["loss"] / window["steps"],
+               "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
+               "tokens_per_s": window["tokens"] / window["time"], "lr": lr, "noise": amp, "grad_norm": grad_norm,
+               "num_bad_steps": num_bad_total, "data_crc": window["crc"], "train_s": round(train_s, 3),
+               "sequences": num_sequences, "queue_high_water": hs_queue.high_water,
+               "queue_wait_s": round(hs_queue.wait_s, 4), "time": time.time()}
+        metrics.write(row)
+        last_row.update(row)
+        if wandb_run is not None:
+            wandb_run.metrics(row)
+        log(world, f"step {step} epoch {data_state['epoch']} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
+                   f"tau {row['tau_proxy']:.3f} tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} noise {amp:.4f} "
+                   f"train {train_s:.1f} s queue {len(hs_queue)}/{hs_queue.depth}")
+        window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+
+    def snapshot(minutes: float) -> None:  # on every drafter rank at the same step (train_s is agreed)
+        if saved["step"] != step:
+            checkpoint()
+        if leader:
+            if window["steps"]:
+                write_metrics(lr, amp, float(grad_norm))
+            dst = keep_snapshot(cfg, snapshots, minutes, saved["path"] or find_latest(cfg.output_dir), step=step,
+                                train_s=train_s, epoch=data_state["epoch"], sequences=num_sequences,
+                                dataset_rows=len(schedule_factory().loader.dataset), metrics=last_row)
+            log(world, f"snapshot at {minutes:g} min of training: step {step}, {num_sequences} sequences, {dst}")
 
     def agree_to_stop(local: bool) -> bool:
         flag = torch.tensor([float(local or stop.is_set() or world.store.check([STOP_REQUESTED]))])
         dist.all_reduce(flag, group=world.drafter_group)
         return flag.item() > 0
 
-    stopping = agree_to_stop(False)
+    stopping, budget_spent = agree_to_stop(False), False
     drafter.train()
+    t_clock = clock()  # the first drafter rank's clock is the job's (the others' readings are not used)
     last_item = None  # FSDP repeats it, zero-weighted, where a short last step leaves this rank fewer micro-batches
     for s, slots, data_after in ([] if stopping else schedule_factory().steps()):
         t_step = time.perf_counter()
@@ -370,16 +425,17 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
                 p.grad /= D
         grad_norm = parallel.clip_grad_norm(trainable, cfg.grad_clip)
         local_stop = stop.is_set() or world.store.check([STOP_REQUESTED])
-        # the one host sync per optimizer step (CPU tensor: gloo, also in a cpu:gloo,cuda:nccl group); the
-        # step's time is averaged, so every drafter holds the same train_s (a time-budget schedule stays in step)
+        # the one host sync per optimizer step (CPU tensor: gloo, also in a cpu:gloo,cuda:nccl group); it carries
+        # the first drafter's clock reading (the others add 0), so every drafter holds the same training time
         stats = torch.tensor([float(loss_sum), len(my_slots), tokens, float(local_stop),
-                              time.perf_counter() - t_step, sum(len(x.indices) for x in my_slots)]
+                              clock() - t_clock if leader else 0.0, sum(len(x.indices) for x in my_slots)]
                              + correct.tolist() + count.tolist(), dtype=torch.float64)
         dist.all_reduce(stats, group=world.drafter_group)
         loss_value, tokens_all = stats[0].item() / stats[1].item(), int(stats[2])
-        train_s += stats[4].item() / D
+        train_s = train_s0 + stats[4].item()
         num_sequences += int(stats[5])
-        stopping = stats[3].item() > 0 or lr_schedule.budget_spent(train_s)
+        budget_spent = lr_schedule.budget_spent(train_s)
+        stopping = stats[3].item() > 0 or budget_spent
         correct_all, count_all = stats[6:6 + S], stats[6 + S:]
         if math.isfinite(loss_value) and math.isfinite(float(grad_norm)):
             optimizer.step()
@@ -405,43 +461,35 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
             world.store.set(PROGRESS, json.dumps({"step": step, "epoch": data_state["epoch"], "loss": loss_value,
                                                   "tokens_per_s": tokens_all / max(elapsed, 1e-9),
                                                   "queue_depth": len(hs_queue)}))
-        if leader and (step % cfg.log_interval == 0 or step == total_steps):
-            acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
-            row = {"step": step, "epoch": data_state["epoch"], "loss": window["loss"] / window["steps"],
-                   "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
-                   "tokens_per_s": window["tokens"] / window["time"], "lr": lr,
-                   "noise": amp, "grad_norm": float(grad_norm), "num_bad_steps": num_bad_total,
-                   "data_crc": window["crc"], "queue_high_water": hs_queue.high_water,
-                   "queue_wait_s": round(hs_queue.wait_s, 4), "time": time.time()}
-            metrics.write(row)
-            if wandb_run is not None:
-                wandb_run.metrics(row)
-            log(world, f"step {step} epoch {data_state['epoch']} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
-                       f"tau {row['tau_proxy']:.3f} tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} queue {len(hs_queue)}"
-                       f"/{hs_queue.depth}")
-            window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
+        if leader and (step % cfg.log_interval == 0 or step == total_steps or stopping):
+            write_metrics(lr, amp, float(grad_norm))
         if wandb_run is not None and time.time() - wandb_profiled >= cfg.profile_interval:
             wandb_profiled = time.time()
             wandb_job_profile(wandb_run, world, step, nvml)
+        while pending and train_s >= pending[0] * 60:  # the weights after this step, at these minutes
+            snapshot(pending.pop(0))
         if stopping:
             break
         if step % cfg.checkpoint_interval == 0:
             checkpoint()
-            last_saved = step
 
     if stopping and leader:
         world.store.set(STOP_AT, str(step - 1))  # targets send nothing for later steps
     if stopping:
         hs_queue.drain()
-    if last_saved != step and data_state is not None:
+    if saved["step"] != step and data_state is not None:
         checkpoint()
+    if leader:
+        snapshots.close()
     receiver.join()
     progress.update(force=True, done=True)
     dist.barrier(group=world.drafter_group)  # every drafter's last row is in the store for the last W&B profile
     if wandb_run is not None:
         wandb_job_profile(wandb_run, world, step, nvml)
         wandb_run.close()
-    log(world, f"drafter done at step {step}{' (stopped)' if stopping else ''}; queue high water "
+    why = f"the time budget of {cfg.time_budget_min:g} min is spent" if budget_spent else \
+        "stopped" if stopping else "--max-steps or the epochs ended"
+    log(world, f"drafter done at step {step}, {train_s:.1f} s of training ({why}); queue high water "
                f"{hs_queue.high_water}/{hs_queue.depth}, waited {hs_queue.wait_s:.2f} s for hidden states")
 
 
@@ -481,10 +529,26 @@ class _nothing:
         return False
 
 
+def _first_error(world: World, error: str) -> str:
+    """The job's error: `error` if this rank failed first (recorded in the store), else the first one's."""
+    try:
+        if world.store.add(ERRORS, 1) == 1:
+            world.store.set(ERROR, error)
+            return error
+        world.store.wait([ERROR], datetime.timedelta(seconds=2))
+        return world.store.get(ERROR).decode()
+    except Exception:  # noqa: BLE001 - the store went with the agent: our own error it is
+        return error
+
+
 def _relay_progress(world: World, heartbeat: Heartbeat, done: threading.Event) -> None:
-    """Rank 0 writes the heartbeat; the step, loss and speed are the first drafter rank's (via the store)."""
+    """Rank 0 writes the heartbeat; the step, loss and speed are the first drafter rank's (via the store). A
+    rank's failure (in the store) makes it `failed` at once, whatever rank 0 is doing."""
     while not done.wait(heartbeat.interval_s):
         try:
+            if world.store.check([ERROR]):
+                heartbeat.set_phase("failed", error=world.store.get(ERROR).decode())
+                return
             _read_progress(world, heartbeat)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the run; the next poll retries
             pass
@@ -576,19 +640,23 @@ def main(cfg: TrainConfig) -> int:
         dist.barrier()
         status = 0
     except BaseException as e:  # noqa: BLE001 - every failure must name its rank and reach the log
-        if isinstance(e, StartupError):  # a refusal: one line, as dflash-train refuses in one process
-            print(f"dflash-train: error: rank {world.rank}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
-        else:
-            traceback.print_exc()
-        message = " ".join(f"{type(e).__name__}: {e}".split())
-        log(world, f"error: {message}")
-        try:
-            world.store.set(ERROR, f"rank {world.rank}: {message}")
-        except Exception:  # noqa: BLE001
+        explained = isinstance(e, (StartupError, ExplainedFailure))  # a refusal, a full disk: the line says it all
+        message = " ".join((str(e) if explained else f"{type(e).__name__}: {e}").split())
+        first = _first_error(world, f"rank {world.rank}: {message}")
+        try:  # as in one process: a full disk leaves room for the lines below and the `failed` heartbeat
+            os.unlink(os.path.join(cfg.run_dir, RESERVE_NAME))
+        except OSError:
             pass
+        if explained:  # one line, as dflash-train fails in one process
+            print(f"dflash-train: error: rank {world.rank}: {message}", file=sys.stderr, flush=True)
+        elif first.startswith(f"rank {world.rank}: "):
+            traceback.print_exc()
+            log(world, f"error: {message}")
+        else:  # a consequence (a peer's collective broke): the cause is the other rank's line
+            log(world, f"error: {message} (after {first.split(':')[0]} failed)")
         if heartbeat is not None:
             heartbeat.stop()
-            heartbeat.set_phase("failed", error=f"rank {world.rank}: {message}")
+            heartbeat.set_phase("failed", error=first)
         status = 2 if isinstance(e, StartupError) else 1
         os._exit(status)  # peers may be blocked in collectives with us: leave now, torchrun ends the job
     done.set()

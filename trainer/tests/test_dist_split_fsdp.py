@@ -1,0 +1,104 @@
+"""Under torchrun on the CPU (gloo): a target rank's layers split over several devices, and FSDP2 drafter ranks.
+
+Each compares with a DDP job of 1 target + 2 drafter ranks on the same data and seed (2 micro-batches per optimizer
+step in every job), which test_dist_train.py shows equal to one process."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from trainer_testlib import read_metrics, start, torchrun_cmd
+from dflash_trainer.checkpoint import find_latest, load_checkpoint
+from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+
+STEPS = 12
+
+
+def losses(run_dir):
+    return {r["step"]: (r["loss"], r["data_crc"]) for r in read_metrics(run_dir)}
+
+
+def run(tiny, tmp_path, out, name, nproc, target_ranks, *extra):
+    log = tmp_path / f"{name}.log"
+    proc = start(torchrun_cmd(tiny, out, nproc, target_ranks, "--hs-queue-depth", "3", "--hs-queue-min-ready", "2",
+                              *extra), log)
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    return log.read_text()
+
+
+def assert_close(rows, ref, tol=1e-4):
+    assert rows, "no metrics"
+    for step, (loss, crc) in rows.items():
+        assert crc == ref[step][1], f"step {step}: other batches than the DDP run"
+        assert abs(loss - ref[step][0]) <= tol * max(1.0, abs(loss)), (step, loss, ref[step][0])
+
+
+@pytest.fixture(scope="module")
+def ddp(tiny, tmp_path_factory):
+    """1 target + 2 DDP drafter ranks, one micro-batch each per step."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    text = run(tiny, tmp, tmp / "out", "ddp", 3, 1, "--grad-accum", "1", "--max-steps", str(STEPS),
+               "--checkpoint-interval", str(STEPS // 2), "--drafter-sharding", "ddp")
+    assert "drafter ranks: ddp (--drafter-sharding ddp)" in text
+    return losses(tmp / "out"), tmp / "out"
+
+
+@pytest.mark.timeout(300)
+def test_split_target_rank_trains_as_the_replica_does(tiny, tmp_path, ddp):
+    """1 target rank with its 8 layers forced over 2 devices ('cpu' twice) + 1 drafter rank (2 micro-batches)."""
+    out = tmp_path / "out"
+    text = run(tiny, tmp_path, out, "split", 2, 1, "--grad-accum", "2", "--max-steps", str(STEPS),
+               "--target-gpus-per-rank", "2")
+    assert "each target rank splits its layers over 2 devices (--target-gpus-per-rank 2)" in text
+    assert "target layers split: layers 0-3 on cpu, 4-7 on cpu" in text
+    rows = losses(out)
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    assert_close(rows, ddp[0])
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_drafters_match_ddp_and_their_full_checkpoint_resumes_under_ddp(tiny, tmp_path, ddp):
+    out = tmp_path / "out"
+    half = STEPS // 2
+    text = run(tiny, tmp_path, out, "fsdp", 3, 1, "--grad-accum", "1", "--max-steps", str(STEPS),
+               "--checkpoint-interval", str(half), "--drafter-sharding", "fsdp")
+    assert "drafter ranks: fsdp (--drafter-sharding fsdp)" in text
+    assert_close(losses(out), ddp[0])
+    # the checkpoint is whole: every trainable tensor at its full shape, the optimizer state keyed as one process
+    shutil.rmtree(out / "checkpoints" / f"step-{STEPS}")  # resume from the middle one
+    path = find_latest(str(out))
+    assert path.endswith(f"step-{half}")
+    weights, drafter_cfg, train_state = load_checkpoint(path)
+    plain = DFlashDrafter(DrafterConfig.from_dict(drafter_cfg)).trainable_state_dict()
+    assert {k: tuple(v.shape) for k, v in weights.items()} == {k: tuple(v.shape) for k, v in plain.items()}
+    params = list(plain.values())
+    state = train_state["optimizer"]["state"]
+    assert sorted(state) == list(range(len(params)))
+    assert all(state[i]["exp_avg"].shape == params[i].shape for i in state)
+    assert all(type(v) is torch.Tensor for s in state.values() for v in s.values())
+    # resumed by 1 target + 1 DDP drafter rank (2 micro-batches): the rest of the DDP run's trajectory
+    text = run(tiny, tmp_path, out, "resume", 2, 1, "--grad-accum", "2", "--max-steps", str(STEPS),
+               "--drafter-sharding", "ddp")
+    assert f"resumed from {path} at step {half}" in text
+    steps = [r["step"] for r in read_metrics(out)]
+    assert steps == list(range(1, STEPS + 1)) + list(range(half + 1, STEPS + 1))
+    assert_close(losses(out), ddp[0])  # the resumed rows (the later ones) replace the first run's
+    assert not os.listdir(out / "ranks")
+
+
+@pytest.mark.timeout(300)
+def test_a_ddp_checkpoint_resumes_under_fsdp(tiny, tmp_path, ddp):
+    """The DDP run's middle checkpoint, resumed by 2 FSDP drafter ranks (each takes its shard of the whole
+    optimizer state): the rest of the DDP run's trajectory."""
+    out = tmp_path / "out"
+    half = STEPS // 2
+    saved = ddp[1] / "checkpoints" / f"step-{half}"
+    shutil.copytree(saved, out / "checkpoints" / f"step-{half}")
+    text = run(tiny, tmp_path, out, "fsdp", 3, 1, "--grad-accum", "1", "--max-steps", str(STEPS),
+               "--drafter-sharding", "fsdp")
+    assert f"at step {half}" in text and "drafter ranks: fsdp" in text
+    rows = losses(out)
+    assert sorted(rows) == list(range(half + 1, STEPS + 1))
+    assert_close(rows, ddp[0])
