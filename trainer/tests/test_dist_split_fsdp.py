@@ -63,8 +63,9 @@ def test_fsdp_drafters_match_ddp_and_their_full_checkpoint_resumes_under_ddp(tin
     out = tmp_path / "out"
     half = STEPS // 2
     text = run(tiny, tmp_path, out, "fsdp", 3, 1, "--grad-accum", "1", "--max-steps", str(STEPS),
-               "--checkpoint-interval", str(half), "--drafter-sharding", "fsdp")
+               "--checkpoint-interval", str(half), "--drafter-sharding", "fsdp", "--compile-warmup-batches", "2")
     assert "drafter ranks: fsdp (--drafter-sharding fsdp)" in text
+    assert text.count("compile warm-up: 2 micro-batches") == 2  # both ranks, gathering alike; nothing trained
     assert_close(losses(out), ddp[0])
     # the checkpoint is whole: every trainable tensor at its full shape, the optimizer state keyed as one process
     shutil.rmtree(out / "checkpoints" / f"step-{STEPS}")  # resume from the middle one

@@ -46,7 +46,8 @@ from dflash_trainer.config import StartupError, TrainConfig, default_target_laye
 from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
 from dflash_trainer.dist_world import World, close_world, init_world
 from dflash_trainer.drafter import DrafterConfig
-from dflash_trainer.drafter_parallel import ParallelDrafter, agree_on_sharding, choose_sharding, pad_micro_batches
+from dflash_trainer.drafter_parallel import (ParallelDrafter, agree_on_min, agree_on_sharding, choose_sharding,
+                                              pad_micro_batches)
 from dflash_trainer.failures import ExplainedFailure
 from dflash_trainer.heartbeat import RESERVE_NAME, Heartbeat
 from dflash_trainer.hs_queue import HiddenStateQueue, batch_tap_bytes, check_host_memory, mem_available
@@ -296,13 +297,17 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     # --compile-warmup-batches: forward and backward on my first micro-batches, which stay mine to train on (left
     # in the queue; with --hs-sync-transfers held here), before the clock starts; no collective, no DDP hook
     held = []
-    if cfg.compile_warmup_batches and not stop.is_set():
+    num_warm = 0 if stop.is_set() else min(cfg.compile_warmup_batches, num_mine,
+                                           num_mine if cfg.hs_sync_transfers else hs_queue.depth)
+    if parallel.sharded:  # FSDP's forward gathers collectively: every drafter rank warms up on as many
+        num_warm = agree_on_min(num_warm, world.drafter_group)
+    if num_warm:
         t0 = time.perf_counter()
         if cfg.hs_sync_transfers:
-            held = [receiver.next_item() for _ in range(min(cfg.compile_warmup_batches, num_mine))]
+            held = [receiver.next_item() for _ in range(num_warm)]
             warm = held
         else:
-            warm = hs_queue.peek(min(cfg.compile_warmup_batches, num_mine, hs_queue.depth))
+            warm = hs_queue.peek(num_warm)
         count = compile_warmup(cfg, drafter, optimizer, ((i.taps, i.last, i.input_ids, i.loss_mask, i.lengths)
                                                           for i in warm))
         del warm

@@ -140,3 +140,10 @@ def agree_on_sharding(mode: str, group) -> str:
     flag = torch.tensor([1.0 if mode == "fsdp" else 0.0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return "fsdp" if flag.item() > 0 else "ddp"
+
+
+def agree_on_min(count: int, group) -> int:
+    """The least of every drafter rank's `count` (CPU tensor: gloo)."""
+    box = torch.tensor([float(count)])
+    dist.all_reduce(box, op=dist.ReduceOp.MIN, group=group)
+    return int(box.item())
