@@ -11,6 +11,9 @@ One host, 8 GPUs (5 target ranks, 3 drafter ranks; NCCL):
 Several hosts (the same command on each; rank order = node rank order, targets first):
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29500 --rdzv-id r1 \
         --shutdown-timeout 600 -m dflash_trainer.cli ... --target-gpus 0,...,7 --drafter-gpus 0,...,7
+A target that needs 2 GPUs (2 target ranks, layers split over GPUs 0-1 and 2-3, GPU 4 idle) and FSDP drafters:
+    torchrun --standalone --nproc-per-node 5 --shutdown-timeout 600 -m dflash_trainer.cli ... \
+        --target-gpus 0,1,2,3,4 --target-gpus-per-rank 2 --drafter-gpus 5,6,7 --drafter-sharding fsdp
 (torchrun = python -m torch.distributed.run.) torchrun starts every rank in a session of its own and SIGKILLs
 them --shutdown-timeout seconds after SIGTERM (default 30): set it at least to the stop timeout, and signal the
 ranks themselves (their pids are in <run-dir>/ranks/); see dist_world.py.
@@ -18,8 +21,8 @@ ranks themselves (their pids are in <run-dir>/ranks/); see dist_world.py.
 The schedule is the single-process one with G = --grad-accum x D micro-batches per optimizer step: stream
 item k (the k-th batch since this job started) is computed by target rank k % T; micro-batch g of a step is
 trained on drafter rank g // --grad-accum, with the seed the single-process run gives micro-batch g. DDP
-averages the drafters' gradients, so a job of D drafter ranks follows the same trajectory as one process
-with --grad-accum G (float rounding aside). Checkpoints (same format as one process, written by the first
+(or FSDP2: drafter_parallel.py) averages the drafters' gradients, so a job of D drafter ranks follows the same
+trajectory as one process with --grad-accum G (float rounding aside). Checkpoints (same format as one process, written by the first
 drafter rank) hold the data position after the last full step: a resume under any world size repeats and
 skips no batch; items still in the queues are dropped and recomputed.
 """
