@@ -105,7 +105,7 @@ def test_drafter_sharding_choice(mode, numel, free, expected):
 
 
 def test_fsdp_pads_a_short_last_step_to_the_first_ranks_count():
-    # 2 drafters x accum 2, a last step of 3 micro-batches: rank 0 has 2, rank 1 has 1 -> one zero-weighted extra
+    # 2 drafters, a last step of 3 micro-batches dealt g % 2: rank 0 has 2, rank 1 has 1 -> one zero-weighted extra
     assert [pad_micro_batches(n, 3, 2, sharded=True) for n in (2, 1)] == [0, 1]
     assert pad_micro_batches(0, 1, 2, sharded=True) == 1  # a rank with none at all repeats its last one
     assert pad_micro_batches(1, 3, 2, sharded=False) == 0

@@ -20,11 +20,12 @@ ranks themselves (their pids are in <run-dir>/ranks/); see dist_world.py.
 
 The schedule is the single-process one with G = --grad-accum x D micro-batches per optimizer step: stream
 item k (the k-th batch since this job started) is computed by target rank k % T; micro-batch g of a step is
-trained on drafter rank g // --grad-accum, with the seed the single-process run gives micro-batch g. DDP
+trained on drafter rank g % D (interleaved: FSDP's forward gathers in step across the drafter ranks, so each needs
+its next micro-batch while the others compute theirs), with the seed the single-process run gives micro-batch g. DDP
 (or FSDP2: drafter_parallel.py) averages the drafters' gradients, so a job of D drafter ranks follows the same
-trajectory as one process with --grad-accum G (float rounding aside). Checkpoints (same format as one process, written by the first
-drafter rank) hold the data position after the last full step: a resume under any world size repeats and
-skips no batch; items still in the queues are dropped and recomputed.
+trajectory as one process with --grad-accum G (float rounding aside). Checkpoints (same format as one process,
+written by the first drafter rank) hold the data position after the last full step: a resume under any world size
+repeats and skips no batch; items still in the queues are dropped and recomputed.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading
         for slot in slots:
             if slot.k % T != world.role_rank:
                 continue
-            dst = T + slot.micro // accum
+            dst = T + slot.micro % D
             if stop.is_set() and not requested:
                 world.store.set(STOP_REQUESTED, str(world.rank))
                 requested = True
@@ -277,7 +278,7 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
         parallel.load_optimizer(optimizer, train_state["optimizer"])
 
     def mine(slots):
-        return [s for s in slots if s.micro // accum == d]
+        return [s for s in slots if s.micro % D == d]
 
     def expected():
         for _, slots, _ in schedule_factory().steps():
@@ -391,8 +392,8 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
         # step, every drafter sums gradients by hand instead, so nobody waits for a backward that never comes.
         # FSDP shards instead: every drafter runs as many forwards (gathers) as the first, padding with zero-weighted
         # repeats of its last micro-batch, and the reduce-scatter of the last backward averages as DDP does.
-        by_hand = len(slots) <= (D - 1) * accum and not parallel.sharded
-        extra = pad_micro_batches(len(my_slots), len(slots), accum, parallel.sharded)
+        by_hand = len(slots) < D and not parallel.sharded
+        extra = pad_micro_batches(len(my_slots), len(slots), D, parallel.sharded)
         loss_sum = torch.zeros((), device=world.device)
         correct, count, tokens = torch.zeros(S, device=world.device), torch.zeros(S, device=world.device), 0
         for i, slot in enumerate(my_slots):

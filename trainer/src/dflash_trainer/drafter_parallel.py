@@ -126,12 +126,12 @@ def _shard_like(value, param):
     return value
 
 
-def pad_micro_batches(num_mine: int, num_slots: int, accum: int, sharded: bool) -> int:
-    """How many extra zero-weighted micro-batches this drafter rank runs in a step of `num_slots` micro-batches:
-    under FSDP every rank runs as many forwards as the first drafter rank (which has the most); DDP needs none."""
+def pad_micro_batches(num_mine: int, num_slots: int, num_drafters: int, sharded: bool) -> int:
+    """How many extra zero-weighted micro-batches this drafter rank runs in a step of `num_slots` micro-batches
+    (dealt out g % D): under FSDP every rank runs as many forwards as the first (which has the most); DDP none."""
     if not sharded:
         return 0
-    return min(num_slots, accum) - num_mine
+    return -(-num_slots // num_drafters) - num_mine
 
 
 def agree_on_sharding(mode: str, group) -> str:
