@@ -106,17 +106,19 @@ def test_a_ddp_checkpoint_resumes_under_fsdp(tiny, tmp_path, ddp):
 
 
 @pytest.mark.timeout(300)
-def test_fsdp_pads_a_short_last_step(tiny, tmp_path):
-    """23 micro-batches in an epoch (--token-budget 768, 5 a batch), 10 per step (2 FSDP drafter ranks x 5), and a
-    queue shallower than 5: the ranks' micro-batches interleave, so each has its next one while the other computes
-    (dealt in blocks of 5 this deadlocked in the first forward's gather). The last step has 3, dealt 2 + 1: the
-    second rank runs one zero-weighted repeat so that both gather alike. Same losses as one process."""
+@pytest.mark.parametrize("sharding,accum,num_steps", [("fsdp", 5, 3), ("ddp", 1, 12)])
+def test_a_short_last_step(tiny, tmp_path, sharding, accum, num_steps):
+    """23 micro-batches in an epoch (--token-budget 768, 5 a batch) over 2 drafter ranks, dealt g % 2.
+    FSDP, 10 a step with a queue shallower than 5: each rank has its next micro-batch while the other computes
+    (dealt in blocks of 5 this deadlocked in the first forward's gather); the last step has 3, dealt 2 + 1, and the
+    second rank runs one zero-weighted repeat so that both gather alike. DDP, 2 a step: the last has 1, the second
+    rank none, and the gradients are summed by hand. Same losses as one process."""
     shape = ("--token-budget", "768", "--max-batch-size", "5", "--epochs", "1")
     one = tmp_path / "one"
-    proc = start(train_cmd(tiny, one, "--grad-accum", "10", *shape), tmp_path / "one.log")
+    proc = start(train_cmd(tiny, one, "--grad-accum", str(2 * accum), *shape), tmp_path / "one.log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "one.log").read_text()[-3000:]
     out = tmp_path / "out"
-    run(tiny, tmp_path, out, "fsdp", 3, 1, "--grad-accum", "5", *shape, "--drafter-sharding", "fsdp")
+    run(tiny, tmp_path, out, sharding, 3, 1, "--grad-accum", str(accum), *shape, "--drafter-sharding", sharding)
     rows, ref = losses(out), losses(one)
-    assert sorted(rows) == sorted(ref) == [1, 2, 3]
+    assert sorted(rows) == sorted(ref) == list(range(1, num_steps + 1))
     assert_close(rows, ref)
