@@ -8,7 +8,7 @@ from dflash_trainer.dist_world import plan_layout
 from dflash_trainer.drafter_parallel import choose_sharding, pad_micro_batches
 from dflash_trainer.target import FrozenTarget
 from dflash_trainer.target_split import (activation_bytes, gpus_per_target_rank, layer_devices, layer_ranges,
-                                         safetensors_numel, target_groups)
+                                         measured_gpus_per_rank, safetensors_numel, target_groups)
 
 GB = 10**9
 H200_FREE = 141 * GB
@@ -58,6 +58,20 @@ def test_safetensors_size_is_read_from_the_headers(tiny):
     model = AutoModelForCausalLM.from_pretrained(tiny["target"])
     stored = {id(p): p.numel() for p in model.state_dict(keep_vars=True).values()}  # a tied table once
     assert safetensors_numel(tiny["target"]) == sum(stored.values())
+
+
+def test_measured_size_of_a_real_target_directory(tiny):
+    """The tiny target (hidden 64, 8 layers): bf16 weights from its headers + one 1024-token batch's activations,
+    against the free memory given (on a GPU machine NVML reads it)."""
+    # 723,584 bytes of bf16 weights + 1,179,648 kept (9 x 1024 x 64 x 2) + 786,432 transient (3 x 1024 x 128 x 2)
+    assert safetensors_numel(tiny["target"]) * 2 == 723584
+    assert activation_bytes(8, 64, 128, 1024, 2) == (1179648, 786432)
+    assert measured_gpus_per_rank(tiny["target"], [0, 1, 2], 1024, free=(3_000_000, "free"))[0] == 1
+    # 90% of 1.7 MB: not the 1.74 MB of halves, but the 1.42 MB of thirds
+    per_rank, why = measured_gpus_per_rank(tiny["target"], [0, 1, 2], 1024, free=(1_700_000, "free"))
+    assert per_rank == 3 and why.endswith("vs 0.0 GB free (less 10%)")
+    with pytest.raises(ValueError, match="more than 3 GPU"):
+        measured_gpus_per_rank(tiny["target"], [0, 1, 2], 1024, free=(1_000_000, "free"))
 
 
 def test_split_target_taps_equal_the_unsplit_ones(tiny):

@@ -117,8 +117,8 @@ def gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> tuple[int, str]:
     try:
         return measured_gpus_per_rank(cfg.target_model, cfg.target_gpus, cfg.token_budget)
     except (OSError, KeyError, ValueError) as e:
-        raise StartupError(f"the target's size could not be measured against the GPUs ({e}); pass "
-                           "--target-gpus-per-rank (1: a replica per GPU, N: layers split over N GPUs)") from None
+        raise StartupError(f"GPUs per target rank by measured size (--target-gpus-per-rank 0): {e} (or pass "
+                           "--target-gpus-per-rank: 1 a replica per GPU, N the layers split over N GPUs)") from None
 
 
 def plan_layout(cfg: TrainConfig, world_size: int, cuda: bool, per_rank: int = 1) -> tuple[int, int, list[dict]]:

@@ -130,10 +130,11 @@ def place_layers(causal_lm: torch.nn.Module, devices: list[torch.device]) -> lis
     return per_layer
 
 
-def measured_gpus_per_rank(model_dir: str, gpu_ids: list[int], token_budget: int) -> tuple[int, str]:
+def measured_gpus_per_rank(model_dir: str, gpu_ids: list[int], token_budget: int,
+                           free: tuple[int, str] | None = None) -> tuple[int, str]:
     """(GPUs per target rank, the numbers it was chosen by): bf16 weights from the safetensors headers, activations
-    of one --token-budget micro-batch, and the least free memory of the target GPUs (NVML, which creates no CUDA
-    context; the total memory where NVML is missing)."""
+    of one --token-budget micro-batch, and the least free memory of the target GPUs (`free`, else read by NVML,
+    which creates no CUDA context; the total memory where NVML is missing)."""
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
     text = config.get("text_config", config)
@@ -141,7 +142,7 @@ def measured_gpus_per_rank(model_dir: str, gpu_ids: list[int], token_budget: int
     retained, transient = activation_bytes(int(text["num_hidden_layers"]), int(text["hidden_size"]),
                                            int(text.get("intermediate_size", 4 * int(text["hidden_size"]))),
                                            token_budget, 2)
-    free, how = gpu_free_bytes(gpu_ids)
+    free, how = free or gpu_free_bytes(gpu_ids)
     per_rank = gpus_per_target_rank(weights, retained, transient, free, len(gpu_ids))
     return per_rank, (f"weights {weights / 1e9:.1f} GB + kept activations {retained / 1e9:.1f} GB + "
                       f"{transient / 1e9:.1f} GB per GPU vs {free / 1e9:.1f} GB {how} (less {MARGIN:.0%})")
