@@ -115,7 +115,9 @@ def test_layout_with_target_groups():
 ])
 def test_drafter_sharding_choice(mode, numel, free, expected):
     frozen = 2 * 248320 * 5120 * 2  # embedding + lm_head, bf16
-    assert choose_sharding(mode, numel, frozen, free)[0] == expected
+    assert choose_sharding(mode, numel, frozen, free, num_drafters=3)[0] == expected
+    # one drafter rank has nobody to shard with: auto keeps DDP (forced FSDP stays)
+    assert choose_sharding(mode, numel, frozen, free, num_drafters=1)[0] == ("fsdp" if mode == "fsdp" else "ddp")
 
 
 def test_fsdp_pads_a_short_last_step_to_the_first_ranks_count():

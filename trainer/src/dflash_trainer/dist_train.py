@@ -248,6 +248,8 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     from dflash_trainer.train import rng_state, training_drafter
     d, D, T, accum, G = world.role_rank, world.num_drafter_ranks, world.num_target_ranks, cfg.grad_accum, \
         cfg.grad_accum * world.num_drafter_ranks
+    # free memory before the drafter is built here: the sharding choice counts its weights in
+    free = torch.cuda.mem_get_info(world.device)[0] if world.device.type == "cuda" else None
     frozen = _Frozen(cfg.target_model)
     torch.manual_seed(cfg.seed)  # the drafter's init draws exactly as in the single-process run
     drafter = training_drafter(drafter_cfg, frozen, world.device, cfg.compile_layers)
@@ -263,10 +265,9 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
         step, num_bad_total = train_state["step"], train_state.get("num_bad_steps", 0)
         train_s, num_sequences = train_state["scheduler"].get("train_s", 0.0), train_state.get("num_sequences", 0)
     train_s0 = train_s  # the training time of the checkpoint resumed from: the clock goes on from there
-    free = torch.cuda.mem_get_info(world.device)[0] if world.device.type == "cuda" else None
     numel = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     frozen_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters() if not p.requires_grad)
-    mode, why = choose_sharding(cfg.drafter_sharding, numel, frozen_bytes, free)
+    mode, why = choose_sharding(cfg.drafter_sharding, numel, frozen_bytes, free, D)
     mode = agree_on_sharding(mode, world.drafter_group)
     if world.is_drafter_leader:
         log(world, f"drafter ranks: {mode} ({why})")

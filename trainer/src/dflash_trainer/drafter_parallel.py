@@ -23,13 +23,17 @@ STATE_FRACTION = 0.5
 ADAMW_BYTES_PER_PARAM = 16  # fp32 weight, gradient, exp_avg, exp_avg_sq
 
 
-def choose_sharding(mode: str, trainable_numel: int, frozen_bytes: int, free_bytes: int | None) -> tuple[str, str]:
+def choose_sharding(mode: str, trainable_numel: int, frozen_bytes: int, free_bytes: int | None,
+                    num_drafters: int = 2) -> tuple[str, str]:
     """("ddp" | "fsdp", why). auto: FSDP when the drafter's training state does not fit STATE_FRACTION of the
-    drafter GPU's free memory (None: the CPU, where memory is the host's: DDP)."""
+    drafter GPU's free memory (None: the CPU, where memory is the host's: DDP; one drafter rank: nothing to shard
+    over, DDP)."""
     if mode != "auto":
         return mode, f"--drafter-sharding {mode}"
     if free_bytes is None:
         return "ddp", "auto: on the CPU"
+    if num_drafters < 2:
+        return "ddp", "auto: one drafter rank"
     need = trainable_numel * ADAMW_BYTES_PER_PARAM + frozen_bytes
     fits = need <= free_bytes * STATE_FRACTION
     return ("ddp" if fits else "fsdp"), (f"auto: weights + gradients + AdamW {need / 1e9:.1f} GB "
