@@ -192,7 +192,7 @@ def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading
     if target.layer_devices:
         log(world, "target layers split: " + layer_ranges(target.layer_devices))
     dist.barrier()  # every rank is loaded: the drafters' receivers start only now
-    T, D, accum = world.num_target_ranks, world.num_drafter_ranks, cfg.grad_accum
+    T, D = world.num_target_ranks, world.num_drafter_ranks
     progress = RankProgress(world, cfg)
     nvml.start(lambda: progress.row["step"])
     handed = {}  # k -> when the loop handed the item to the sender
