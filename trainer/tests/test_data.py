@@ -78,3 +78,22 @@ def test_multiple_row_groups_and_length_mismatch(tmp_path):
     import pytest
     with pytest.raises(ValueError, match="loss_mask"):
         TokenizedDataset(str(tmp_path), max_seq_len=8)
+
+
+def test_shape_spanning_batches_cover_the_plans_extremes_without_moving(tmp_path):
+    """The compile warm-up's batches: the plan's extremes of sequence count, length and tokens first, then the
+    next batches; the loader's position stays where it was."""
+    rng = np.random.default_rng(1)
+    _write(tmp_path, rng.integers(2, 300, 300).tolist())
+    ds = TokenizedDataset(str(tmp_path), max_seq_len=256)
+    loader = BatchLoader(ds, seed=0, token_budget=1024, max_batch_size=16)
+    loader.next_batch()
+    state = loader.state_dict()
+    plan = loader._get_plan(0)
+    picked = loader.shape_spanning_batches(8)
+    assert loader.state_dict() == state and len(picked) == 8 and len({tuple(b) for b in picked}) == 8
+    counts, longest = [len(b) for b in picked[:6]], [int(ds.lengths[b].max()) for b in picked[:6]]
+    assert min(counts) == min(len(b) for b in plan) and max(counts) == max(len(b) for b in plan)
+    assert min(longest) == min(int(ds.lengths[b].max()) for b in plan)
+    assert max(longest) == max(int(ds.lengths[b].max()) for b in plan)
+    assert loader.shape_spanning_batches(2) == picked[:2]

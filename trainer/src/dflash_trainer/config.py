@@ -213,7 +213,8 @@ class TrainConfig:
     compile_warmup_batches: int = flag(0, parse=parse_int, check=at_least(0), group=WALL_CLOCK,
                                        help="micro-batches run forward and backward before the training clock "
                                             "starts, not trained on and not taken from the data (compilation "
-                                            "outside the time budget)")
+                                            "outside the time budget); one process picks the epoch's batches of "
+                                            "extreme shapes (6 span them)")
 
     token_budget: int = flag(49152, parse=parse_int, check=at_least(1), group=BATCHING,
                              help="max sum of padded sequence lengths per micro-batch")

@@ -158,6 +158,24 @@ class BatchLoader:
         self.batch_index += 1
         return plan[self.batch_index - 1]
 
+    def shape_spanning_batches(self, n: int) -> list[list[int]]:
+        """Up to n micro-batches (dataset rows) of the current epoch's plan that span its shapes: the most tokens,
+        the fewest and most sequences, the shortest and longest, the fewest tokens, then the plan's next batches.
+        For the compile warm-up: torch.compile specializes on what the first batches show (a size of 1, a batch
+        count seen so far, a size threshold of inductor's), and every shape it has not seen recompiles inside the
+        training clock (PROOF.md run 7). Reads the plan only; the position does not move."""
+        plan = self._get_plan(self.epoch)
+        count = [len(b) for b in plan]
+        longest = [int(self.dataset.lengths[b].max()) for b in plan]
+        tokens = [c * t for c, t in zip(count, longest)]
+        order = range(len(plan))
+        picks = [max(order, key=tokens.__getitem__), min(order, key=count.__getitem__),
+                 max(order, key=count.__getitem__), min(order, key=longest.__getitem__),
+                 max(order, key=longest.__getitem__), min(order, key=tokens.__getitem__)]
+        picks += [(self.batch_index + k) % len(plan) for k in range(len(plan))]
+        chosen = list(dict.fromkeys(picks))[:n]
+        return [plan[i] for i in chosen]
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "batch_index": self.batch_index, "seed": self.seed,
                 "token_budget": self.token_budget, "max_batch_size": self.max_batch_size,

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from dflash_trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids
-from dflash_trainer.data import BatchLoader, TokenizedDataset
+from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.export import drafter_config_from_export
 from dflash_trainer.heartbeat import Heartbeat
@@ -254,8 +254,8 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
         position = loader.state_dict()
 
         def warmup_batches():
-            for _ in range(cfg.compile_warmup_batches):
-                batch = loader.next_batch()
+            for indices in loader.shape_spanning_batches(cfg.compile_warmup_batches):
+                batch = collate(loader.dataset, indices)
                 taps, last = target(batch.input_ids)
                 yield taps, last, batch.input_ids, batch.loss_mask, batch.lengths
 
