@@ -204,7 +204,7 @@ def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading
 
     sender = Sender(world.data_group, world.data_backend, world.device, synchronous=cfg.hs_sync_transfers,
                     on_sent=sent)
-    stop_at, ended, requested, num_items, t0 = None, set(), False, 0, time.perf_counter()
+    stop_at, ended, requested, num_items, t_start = None, set(), False, 0, time.perf_counter()
     for _, slots, _ in schedule.steps():
         for slot in slots:
             if slot.k % T != world.role_rank:
@@ -238,7 +238,7 @@ def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading
             break
     sender.close()
     progress.update(force=True, done=True)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t_start
     log(world, f"target done: {num_items} micro-batches in {elapsed:.1f} s, {sender.bytes_sent / 2**20:.1f} MiB sent")
 
 
