@@ -17,31 +17,31 @@ import glob
 import json
 import math
 import os
-import struct
 
 import torch
 
-# safetensors dtype names -> bytes per element
-_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
+# the safetensors dtypes counted as weights
+_WEIGHT_DTYPES = frozenset({"F64", "I64", "U64", "F32", "I32", "U32", "F16", "BF16", "I16", "U16", "F8_E4M3", "F8_E5M2",
+                            "I8", "U8", "BOOL"})
 # Of a GPU's free memory, this much is never planned for (allocator fragmentation, CUDA context, NCCL buffers).
 MARGIN = 0.10
 
 
 def safetensors_numel(model_dir: str) -> int:
-    """Elements of every tensor in the *.safetensors files, from their JSON headers only (no weights read)."""
+    """Elements of every tensor in the *.safetensors files, from their headers only (no weights read)."""
+    from safetensors import safe_open
+
     total = 0
     paths = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
     if not paths:
         raise ValueError(f"--target-model {model_dir} has no *.safetensors; its size cannot be measured: pass "
                          "--target-gpus-per-rank to choose the split by hand")
     for path in paths:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        for name, entry in header.items():
-            if name != "__metadata__" and entry["dtype"] in _DTYPE_BYTES:
-                total += math.prod(entry["shape"])
+        with safe_open(path, "pt") as f:
+            for name in f.keys():
+                piece = f.get_slice(name)
+                if piece.get_dtype() in _WEIGHT_DTYPES:
+                    total += math.prod(piece.get_shape())
     return total
 
 
