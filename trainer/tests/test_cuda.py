@@ -131,3 +131,32 @@ def test_overlapped_transfers_give_the_losses_of_unoverlapped_ones_on_cuda(tiny,
           f"{' ' * len(transport)}            not overlapped: {losses[True]}")
     assert [s for s, _ in losses[False]] == list(range(1, 9))
     assert losses[False] == losses[True]
+
+
+def _sdpa_choices_for_verify_blocks():
+    """The backend SDPA picks for a 16-token verify block over caches of three lengths (a causal bool mask)."""
+    from torch.nn.attention import SDPBackend
+    chosen = []
+    for cache_len in (100, 117, 250):
+        q = torch.randn(1, 9, 16, 64, device="cuda", dtype=torch.bfloat16)
+        k = v = torch.randn(1, 9, cache_len + 16, 64, device="cuda", dtype=torch.bfloat16)
+        mask = torch.ones(1, 1, 16, cache_len + 16, dtype=torch.bool, device="cuda").tril(cache_len)
+        chosen.append(SDPBackend(torch._fused_sdp_choice(q, k, v, mask)).name)
+    return chosen
+
+
+def test_decoding_keeps_sdpa_off_cudnn_on_cuda(tiny):
+    """load_target on CUDA takes cuDNN out of SDPA's choice, so a masked verify block over a growing cache pays
+    no per-shape plan build. The choice with cuDNN allowed is printed for the record."""
+    from dflash_trainer.evaluate import load_target
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        print("SDPA backend per verify shape, cuDNN allowed:", _sdpa_choices_for_verify_blocks())
+        load_target(tiny["target"], torch.device("cuda"), torch.bfloat16)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        chosen = _sdpa_choices_for_verify_blocks()
+        print("SDPA backend per verify shape, after load_target:", chosen)
+        assert "CUDNN_ATTENTION" not in chosen
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)

@@ -71,3 +71,17 @@ def test_check_lossless_names_the_first_difference():
     r = check_lossless([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 6, 7]])
     assert not r["lossless"] and r["mismatches"] == [{"prompt": 1, "first_position": 1, "len_output": 2,
                                                       "len_reference": 3}]
+
+
+def test_plan_free_attention_changes_sdpa_only_for_cuda():
+    """Decoding on CUDA turns cuDNN SDPA off for the process (per-shape plan builds); on the CPU nothing changes."""
+    from dflash_trainer.decode_attention import use_plan_free_attention
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        use_plan_free_attention("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        use_plan_free_attention(torch.device("cuda", 0))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)

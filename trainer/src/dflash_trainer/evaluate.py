@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from dflash_trainer.decode_attention import use_plan_free_attention
 from dflash_trainer.spec_decode import (DFlashProposer, PromptLookupProposer, reference_greedy,
                                         speculative_decode, summarize)
 
@@ -35,6 +36,7 @@ PROG = "dflash-eval"
 
 def load_target(target_dir: str, device: torch.device, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
+    use_plan_free_attention(device)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
     model.requires_grad_(False)
     tokenizer = None

@@ -145,8 +145,11 @@ class Generator:
         self.engine = "vllm" if self.vllm is not None else "transformers"
         if self.vllm is None:
             from transformers import AutoModelForCausalLM
+
+            from dflash_trainer.decode_attention import use_plan_free_attention
             self.device = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+            use_plan_free_attention(self.device)  # generate's padded batches change shape every step
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
 
     def generate(self, prompts: list[list[int]], max_new: list[int], chunk_seed: int) -> list[list[int]]:
