@@ -82,8 +82,12 @@ options:
         torchrun's own C(--shutdown-timeout) (set to O(stop_timeout) all the same). A pid counts as a rank only while
         C(/proc) shows it leads its process group with the run's C(DFLASH_RUN_DIR) and its C(RANK).
       - Alive means the agent and every rank that registered are alive. C(launch.json)'s C(job) records the process
-        count, the ranks' directory and the world layout (from C(target_gpus)/C(drafter_gpus), or C(target_ranks) on
-        the CPU, in O(trainer_args); a GPU count other than O(nproc_per_node) is refused before anything is stopped).
+        count, the ranks' directory and the world layout, by the trainer's rule from O(trainer_args) - on GPUs, a target
+        rank per group of C(target_gpus_per_rank) consecutive C(target_gpus) (leftover GPUs idle; its GPUs in the
+        row's C(gpus) when more than one) and a drafter rank per C(drafter_gpus); with C(target_gpus_per_rank) 0 or
+        unset the trainer measures the group size at start, so any size that makes O(nproc_per_node) ranks is
+        accepted, and a target row names its GPUs only where one size does; on the CPU C(target_ranks) target
+        ranks and the rest drafters. A process count the trainer would refuse is refused before anything is stopped.
       - One host only (C(--standalone)); several hosts are not managed by this module.
     type: int
     default: 1
@@ -310,7 +314,8 @@ log_tail:
   sample: ["Traceback (most recent call last):", "ValueError: --block-size must be >= 2"]
 ranks:
   description: The ranks of a torchrun job that registered (C(ranks/<rank>.pid)), each with its pid, whether it is
-    alive, and its role and GPU where the layout is known; empty for one process.
+    alive, and its role and GPU (C(gpus) too for a target rank over several) where the layout is known; empty for
+    one process.
   returned: state is status, or when a torchrun job was launched (not in check mode)
   type: list
   elements: dict

@@ -95,23 +95,82 @@ def _gpu_list(value):
         return None  # the trainer refuses it with its own message
 
 
+def _count(value):
+    """An integer trainer flag, or None when absent or not an integer (the trainer refuses such a value itself)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+def _either(counts):
+    return ", ".join(str(c) for c in counts[:-1]) + (" or " if len(counts) > 1 else "") + str(counts[-1])
+
+
 def world_layout(trainer_args, nproc):
-    """Which rank is target or drafter, on which GPU, as far as the trainer flags say (None where they do not:
-    the trainer's defaults decide, and rank 0's heartbeat reports the layout). Refuses a GPU count that
-    torchrun's process count cannot match."""
+    """Which rank is target or drafter, on which GPUs, by the trainer's rule (dflash_trainer.dist_world.plan_layout):
+    on GPUs, target_gpus cut into groups of target_gpus_per_rank consecutive GPUs, a target rank each (leftover
+    GPUs idle), then a drafter rank per drafter GPU; on the CPU (both lists empty, or device cpu) target_ranks
+    target ranks, then the rest. Refuses a process count the trainer would refuse. None where the flags leave the
+    layout to the trainer's defaults (rank 0's heartbeat reports it)."""
     targets, drafters = _gpu_list(trainer_args.get("target_gpus")), _gpu_list(trainer_args.get("drafter_gpus"))
-    if targets and drafters:
-        if len(targets) + len(drafters) != nproc:
-            raise ValueError("nproc_per_node is %d but trainer_args target_gpus %s + drafter_gpus %s name %d ranks "
-                             "(one per GPU): set nproc_per_node to %d or change the GPU lists"
-                             % (nproc, targets, drafters, len(targets) + len(drafters), len(targets) + len(drafters)))
-        return [{"rank": r, "role": "target" if r < len(targets) else "drafter", "gpu": gpu}
-                for r, gpu in enumerate(targets + drafters)]
-    given = trainer_args.get("target_ranks")
-    if targets == [] and drafters == [] and given is not None:  # the CPU: --target-ranks splits the world
-        num_targets = int(given)
-        return [{"rank": r, "role": "target" if r < num_targets else "drafter", "gpu": None} for r in range(nproc)]
-    return None
+    if trainer_args.get("device") == "cpu" or (targets == [] and drafters == []):
+        return _cpu_layout(_count(trainer_args.get("target_ranks")), nproc)
+    if targets is None or drafters is None:
+        return None
+    if not targets or not drafters:
+        raise ValueError("trainer_args target_gpus %s and drafter_gpus %s: a torchrun job needs at least one GPU in "
+                         "each (or both empty, or device cpu, to train on the CPU)" % (targets, drafters))
+    per_rank = _count(trainer_args.get("target_gpus_per_rank"))
+    if per_rank is not None and per_rank < 0:
+        return None  # the trainer refuses it with its own message
+    return _gpu_layout(targets, drafters, per_rank, nproc)
+
+
+def _cpu_layout(num_targets, nproc):
+    if num_targets is None:
+        return None
+    if not 1 <= num_targets < nproc:
+        raise ValueError("trainer_args target_ranks %d leaves %d of nproc_per_node %d ranks to the drafter: set "
+                         "target_ranks from 1 to %d, or nproc_per_node above it"
+                         % (num_targets, nproc - num_targets, nproc, nproc - 1))
+    return [{"rank": r, "role": "target" if r < num_targets else "drafter", "gpu": None} for r in range(nproc)]
+
+
+def _gpu_layout(targets, drafters, per_rank, nproc):
+    """per_rank 0 (or unset: whatever the trainer's default) means the trainer measures it at start, from 1 to
+    len(targets): any group size that makes nproc ranks may be the one, so the roles are known, and a target rank's
+    GPUs only where a single group size does."""
+    if per_rank and per_rank > len(targets):
+        raise ValueError("trainer_args target_gpus_per_rank %d does not fit target_gpus %s: set it from 1 to %d "
+                         "(or 0: measured at start)" % (per_rank, targets, len(targets)))
+    sizes = [per_rank] if per_rank else range(1, len(targets) + 1)
+    ranks_by_size = dict((g, len(targets) // g + len(drafters)) for g in sizes)
+    fitting = [g for g in sizes if ranks_by_size[g] == nproc]
+    if not fitting:
+        counts = sorted(set(ranks_by_size.values()), reverse=True)
+        if not per_rank:
+            how = "target_gpus_per_rank unset or 0: GPUs per target rank measured at start"
+        elif per_rank == 1:
+            how = "one per GPU"
+        else:
+            idle = targets[len(targets) // per_rank * per_rank:]
+            how = "target_gpus_per_rank %d%s" % (per_rank, ", GPUs %s idle" % (idle,) if idle else "")
+        raise ValueError("nproc_per_node is %d but trainer_args target_gpus %s + drafter_gpus %s name %s ranks (%s): "
+                         "set nproc_per_node to %s or change the GPU lists"
+                         % (nproc, targets, drafters, _either(counts), how, _either(counts)))
+    size = fitting[0]
+    num_targets = len(targets) // size
+    rows = []
+    for r in range(num_targets):
+        group = targets[r * size:(r + 1) * size]
+        row = {"rank": r, "role": "target"}
+        if len(fitting) == 1:
+            row.update(gpu=group[0], **({"gpus": group} if size > 1 else {}))
+        rows.append(row)
+    return rows + [{"rank": num_targets + i, "role": "drafter", "gpu": gpu} for i, gpu in enumerate(drafters)]
 
 
 def job_argv_and_spec(params, run_dir):

@@ -56,7 +56,8 @@ def job(tmp_path):
         return proc
 
     launch = {"job": {"nproc_per_node": 2, "ranks_dir": str(run_dir / "ranks"), "run_dir": str(run_dir),
-                      "layout": [{"rank": 0, "role": "target", "gpu": 3}, {"rank": 1, "role": "drafter", "gpu": 4}]}}
+                      "layout": [{"rank": 0, "role": "target", "gpu": 3, "gpus": [3, 4]},
+                                 {"rank": 1, "role": "drafter", "gpu": 5}]}}
     yield run_dir, start, launch
     for proc in started:
         for pid in procfs.group_members(proc.pid):
@@ -76,8 +77,9 @@ def test_stop_terms_every_rank_before_the_agent_and_waits_for_all(job, monkeypat
     run_dir, start, launch = job
     agent = start("agent")
     ranks = [start("rank0", rank=0), start("rank1", rank=1)]
-    assert [(r["rank"], r["alive"], r["role"], r["gpu"]) for r in job_ranks.rank_states(str(run_dir), launch)] == \
-        [(0, True, "target", 3), (1, True, "drafter", 4)]
+    assert [(r["rank"], r["alive"], r["role"], r["gpu"], r.get("gpus"))
+            for r in job_ranks.rank_states(str(run_dir), launch)] == \
+        [(0, True, "target", 3, [3, 4]), (1, True, "drafter", 5, None)]
     info = job_ranks.stop_job(agent.pid, str(run_dir), launch, grace_s=30)
     assert info["signal"] == "SIGTERM" and sorted(info["ranks"]) == sorted(p.pid for p in ranks)
     got = signals(run_dir)
