@@ -189,6 +189,7 @@ def test_sigterm_checkpoints_then_resume_in_another_world_repeats_and_skips_noth
     hb = read_heartbeat(out)
     assert hb["phase"] == "finished" and hb.get("stopped") == "SIGTERM" and hb["step"] == step
     assert not any(alive(p) for p in pids)
+    assert [n for n in os.listdir(out / "ranks") if ".pid" in n] == []  # each rank removed its own at the exit
 
     # 1 target + 2 drafters, one micro-batch each: the same 2 per optimizer step
     again = start(torchrun_cmd(tiny, out, 3, 1, "--grad-accum", "1", *args), tmp_path / "log2")

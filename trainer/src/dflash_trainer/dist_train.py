@@ -48,7 +48,7 @@ import torch.distributed as dist
 from dflash_trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids, validate_paths
 from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
-from dflash_trainer.dist_world import World, close_world, init_world
+from dflash_trainer.dist_world import World, close_world, init_world, remove_pid_file
 from dflash_trainer.drafter import DrafterConfig
 from dflash_trainer.drafter_parallel import (ParallelDrafter, agree_on_min, agree_on_sharding, choose_sharding,
                                               pad_micro_batches)
@@ -580,6 +580,27 @@ def _read_progress(world: World, heartbeat: Heartbeat) -> None:
         heartbeat.update(ranks=ranks)
 
 
+def _report_failure(cfg: TrainConfig, world: World, heartbeat, e: BaseException) -> None:
+    """The failed rank's lines in the log and, on rank 0, the `failed` heartbeat (called inside the except)."""
+    explained = isinstance(e, (StartupError, ExplainedFailure))  # a refusal, a full disk: the line says it all
+    message = " ".join((str(e) if explained else f"{type(e).__name__}: {e}").split())
+    first = _first_error(world, f"rank {world.rank}: {message}")
+    try:  # as in one process: a full disk leaves room for the lines below and the `failed` heartbeat
+        os.unlink(os.path.join(cfg.run_dir, RESERVE_NAME))
+    except OSError:
+        pass
+    if explained:  # one line, as dflash-train fails in one process
+        print(f"dflash-train: error: rank {world.rank}: {message}", file=sys.stderr, flush=True)
+    elif first.startswith(f"rank {world.rank}: "):
+        traceback.print_exc()
+        log(world, f"error: {message}")
+    else:  # a consequence (a peer's collective broke): the cause is the other rank's line
+        log(world, f"error: {message} (after {first.split(':')[0]} failed)")
+    if heartbeat is not None:
+        heartbeat.stop()
+        heartbeat.set_phase("failed", error=first)
+
+
 def main(cfg: TrainConfig) -> int:
     """One rank of a torchrun job; dflash-train's entry comes here when WORLD_SIZE > 1."""
     stop = threading.Event()
@@ -650,30 +671,19 @@ def main(cfg: TrainConfig) -> int:
         dist.barrier()
         status = 0
     except BaseException as e:  # noqa: BLE001 - every failure must name its rank and reach the log
-        explained = isinstance(e, (StartupError, ExplainedFailure))  # a refusal, a full disk: the line says it all
-        message = " ".join((str(e) if explained else f"{type(e).__name__}: {e}").split())
-        first = _first_error(world, f"rank {world.rank}: {message}")
-        try:  # as in one process: a full disk leaves room for the lines below and the `failed` heartbeat
-            os.unlink(os.path.join(cfg.run_dir, RESERVE_NAME))
-        except OSError:
-            pass
-        if explained:  # one line, as dflash-train fails in one process
-            print(f"dflash-train: error: rank {world.rank}: {message}", file=sys.stderr, flush=True)
-        elif first.startswith(f"rank {world.rank}: "):
-            traceback.print_exc()
-            log(world, f"error: {message}")
-        else:  # a consequence (a peer's collective broke): the cause is the other rank's line
-            log(world, f"error: {message} (after {first.split(':')[0]} failed)")
+        try:
+            _report_failure(cfg, world, heartbeat, e)
+        finally:  # os._exit skips every cleanup; the pid file last, so the rank shows until it goes
+            remove_pid_file(world.pid_file)
+            # peers may be blocked in collectives with us: leave now, torchrun ends the job
+            os._exit(2 if isinstance(e, StartupError) else 1)
+    try:
+        done.set()
+        nvml.close()
         if heartbeat is not None:
             heartbeat.stop()
-            heartbeat.set_phase("failed", error=first)
-        status = 2 if isinstance(e, StartupError) else 1
-        os._exit(status)  # peers may be blocked in collectives with us: leave now, torchrun ends the job
-    done.set()
-    nvml.close()
-    if heartbeat is not None:
-        heartbeat.stop()
-        _read_progress(world, heartbeat)
-        heartbeat.set_phase("finished", **({"stopped": "SIGTERM"} if stop.is_set() else {}))
-    close_world(world)
+            _read_progress(world, heartbeat)
+            heartbeat.set_phase("finished", **({"stopped": "SIGTERM"} if stop.is_set() else {}))
+    finally:
+        close_world(world)
     return status

@@ -1,13 +1,16 @@
 """Who is who in a torchrun job: rank roles, devices, process groups, pid files, death with the agent.
 
 Layout: ranks 0..T-1 run the frozen target, ranks T..T+D-1 train the drafter (data parallel among themselves).
-T = len(--target-gpus) and D = len(--drafter-gpus) on GPUs; on the CPU (both lists empty) T = --target-ranks
-and D = WORLD_SIZE - T. Rank r of a role uses that role's GPU list entry r - first rank of the role.
+On GPUs T = the whole groups of --target-gpus-per-rank consecutive GPUs in --target-gpus (one per GPU with 1) and
+D = len(--drafter-gpus); on the CPU (both lists empty) T = --target-ranks and D = WORLD_SIZE - T. Target rank r
+uses group r, drafter rank r the drafter GPU r - T.
 
 torchrun's process model, and what this module does about it:
 - every rank is started in a session of its own (start_new_session=True), so signalling the agent's process
   group does not reach the ranks: each rank writes its pid to <run-dir>/ranks/<rank>.pid so the lifecycle can
-  signal every rank itself (the file goes at a clean exit);
+  signal every rank itself. The rank removes its file whenever it ends by a path of its own (finished, SIGTERM,
+  an exception, a refusal at start); only a SIGKILLed rank leaves it, and the lifecycle counts a file whose
+  process is gone (or is not this run's rank) as a dead rank;
 - the agent SIGKILLs its ranks --shutdown-timeout seconds after SIGTERM (default 30): launch torchrun with a
   shutdown timeout at least the lifecycle's stop timeout, or a slow drafter checkpoint is cut short;
 - if the agent itself dies (SIGKILL, OOM killer) nothing would stop the ranks: each rank asks the kernel for
@@ -186,6 +189,14 @@ def init_world(cfg: TrainConfig) -> World:
     die_with_parent()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     pid_file = write_pid_file(cfg.run_dir, rank)
+    try:
+        return _join_world(cfg, rank, world_size, pid_file)
+    except BaseException:
+        remove_pid_file(pid_file)  # a refused start leaves no file that would name this rank as dead
+        raise
+
+
+def _join_world(cfg: TrainConfig, rank: int, world_size: int, pid_file: str) -> World:
     per_rank, why = gpus_per_target_rank(cfg, torch.cuda.is_available())
     T, D, layout = plan_layout(cfg, world_size, torch.cuda.is_available(), per_rank)
     if rank == 0 and per_rank > 1:
@@ -207,14 +218,15 @@ def init_world(cfg: TrainConfig) -> World:
     drafter_ranks = list(range(T, T + D))
     # new_group is collective over the world: every rank makes every group, in the same order.
     drafter_group = dist.new_group(drafter_ranks, backend=pg_backend)
-    world = World(rank=rank, world_size=world_size, num_target_ranks=T, num_drafter_ranks=D, device=device,
-                  pid_file=pid_file, drafter_group=drafter_group if rank in drafter_ranks else None,
-                  data_backend=backend, data_group=dist.group.WORLD,
-                  store=dist.distributed_c10d._get_default_store(), layout=layout)
-    return world
+    return World(rank=rank, world_size=world_size, num_target_ranks=T, num_drafter_ranks=D, device=device,
+                 pid_file=pid_file, drafter_group=drafter_group if rank in drafter_ranks else None,
+                 data_backend=backend, data_group=dist.group.WORLD,
+                 store=dist.distributed_c10d._get_default_store(), layout=layout)
 
 
 def close_world(world: World) -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    remove_pid_file(world.pid_file)
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        remove_pid_file(world.pid_file)

@@ -151,3 +151,26 @@ def test_status_of_a_job_that_lost_a_rank_is_not_alive_and_a_restart_replaces_it
     assert (stop["pid"], stop["signal"], stop["ranks"]) == (agent.pid, "SIGTERM", [ranks[0].pid])
     assert not procfs.is_alive(ranks[0].pid) and [g["who"] for g in signals(run_dir)] == ["rank0"]
     assert json.loads((run_dir / "stopped.json").read_text())["pid"] == agent.pid
+
+
+def test_pid_files_left_by_a_sigkilled_job_are_dead_ranks_and_nothing_fails(job):
+    # a SIGKILLed rank cannot remove its pid file (every other exit does): the files name processes that are gone
+    run_dir, start, launch = job
+    agent = start("agent")
+    ranks = [start("rank0", rank=0), start("rank1", rank=1)]
+    launch.update(argv=procfs.cmdline(agent.pid), fingerprint="f", launched_at=time.time())
+    (run_dir / "launch.json").write_text(json.dumps(launch))
+    (run_dir / "pid").write_text("%d\n" % agent.pid)
+    for proc in [agent] + ranks:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert sorted(os.listdir(run_dir / "ranks")) == ["0.pid", "1.pid"]
+    req = {"run": "r1", "run_dir": str(run_dir), "runs_root": str(run_dir.parent), "gpus": []}
+    res = run_lifecycle.status(dict(req))
+    assert res["alive"] is False and res["pid"] is None
+    assert [(r["rank"], r["pid"], r["alive"]) for r in res["ranks"]] == [(0, ranks[0].pid, False),
+                                                                          (1, ranks[1].pid, False)]
+    assert res["state"].startswith("crashed"), res["state"]  # not "failing" nor "rank ... is left"
+    assert run_lifecycle.conflicting_runs(req)[0] == []  # nothing to stop before a relaunch
+    info = job_ranks.stop_job(None, str(run_dir), launch, grace_s=1)
+    assert info["ranks"] == [] and info["signal"] == "SIGTERM" and signals(run_dir) == []
