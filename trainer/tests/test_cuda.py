@@ -2,6 +2,7 @@
 dflash-train run on one GPU, the compiled head loss against autograd, and compiled drafter layers over
 batches of changing shape."""
 
+import json
 import subprocess
 
 import pytest
@@ -38,6 +39,21 @@ def test_train_on_one_gpu(tiny, tmp_path):
     assert read_heartbeat(tmp_path / "out")["phase"] == "finished"
     bad = subprocess.run(train_cmd(tiny, tmp_path / "bad", "--target-gpus", "99"), capture_output=True, text=True)
     assert bad.returncode == 2 and "do not exist" in bad.stderr
+
+
+def test_one_gpu_run_writes_nvml_telemetry(tiny, tmp_path):
+    """NVML readings of the run's GPU (utilization, memory, power, temperature) land in telemetry.jsonl."""
+    pytest.importorskip("pynvml", reason="the nvml extra (nvidia-ml-py) is not installed")
+    cmd = train_cmd(tiny, tmp_path / "out", "--max-steps", "30", "--telemetry-interval", "0.2")
+    cmd[cmd.index("--target-gpus") + 1] = "0"
+    cmd[cmd.index("--drafter-gpus") + 1] = "0"
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(tmp_path / "out" / "telemetry.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    print("telemetry rows:", len(rows), "last:", rows[-1])
+    assert rows and all(r["gpu"] == 0 and "error" not in r for r in rows)
+    assert max(r["mem_used_mb"] for r in rows) > 0 and all(r["power_w"] > 0 and r["temp_c"] > 0 for r in rows)
 
 
 @pytest.mark.parametrize("soft", [False, True])
