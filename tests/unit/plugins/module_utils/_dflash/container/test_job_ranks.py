@@ -118,14 +118,19 @@ def test_a_pid_that_is_not_the_runs_rank_is_never_signalled(job, tmp_path):
     assert os.listdir(run_dir / "ranks") == []
 
 
-def test_status_of_a_job_that_lost_a_rank_is_not_alive_and_a_restart_replaces_it(job):
+def _launched_two_rank_job(job):
+    """An agent and ranks 0 and 1 recorded as a launched run r1: (run_dir, agent, ranks, a status request)."""
     run_dir, start, launch = job
     agent = start("agent")
     ranks = [start("rank0", rank=0), start("rank1", rank=1)]
     launch.update(argv=procfs.cmdline(agent.pid), fingerprint="f", launched_at=time.time())
     (run_dir / "launch.json").write_text(json.dumps(launch))
     (run_dir / "pid").write_text("%d\n" % agent.pid)
-    req = {"run": "r1", "run_dir": str(run_dir), "runs_root": str(run_dir.parent), "gpus": []}
+    return run_dir, agent, ranks, {"run": "r1", "run_dir": str(run_dir), "runs_root": str(run_dir.parent), "gpus": []}
+
+
+def test_status_of_a_job_that_lost_a_rank_is_not_alive_and_a_restart_replaces_it(job):
+    run_dir, agent, ranks, req = _launched_two_rank_job(job)
     healthy = run_lifecycle.status(dict(req))
     assert healthy["alive"] is True and healthy["state"] == "running" and healthy["pid"] == agent.pid
     ranks[1].send_signal(signal.SIGKILL)
@@ -155,22 +160,16 @@ def test_status_of_a_job_that_lost_a_rank_is_not_alive_and_a_restart_replaces_it
 
 def test_pid_files_left_by_a_sigkilled_job_are_dead_ranks_and_nothing_fails(job):
     # a SIGKILLed rank cannot remove its pid file (every other exit does): the files name processes that are gone
-    run_dir, start, launch = job
-    agent = start("agent")
-    ranks = [start("rank0", rank=0), start("rank1", rank=1)]
-    launch.update(argv=procfs.cmdline(agent.pid), fingerprint="f", launched_at=time.time())
-    (run_dir / "launch.json").write_text(json.dumps(launch))
-    (run_dir / "pid").write_text("%d\n" % agent.pid)
+    run_dir, agent, ranks, req = _launched_two_rank_job(job)
     for proc in [agent] + ranks:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert sorted(os.listdir(run_dir / "ranks")) == ["0.pid", "1.pid"]
-    req = {"run": "r1", "run_dir": str(run_dir), "runs_root": str(run_dir.parent), "gpus": []}
     res = run_lifecycle.status(dict(req))
     assert res["alive"] is False and res["pid"] is None
     assert [(r["rank"], r["pid"], r["alive"]) for r in res["ranks"]] == [(0, ranks[0].pid, False),
                                                                           (1, ranks[1].pid, False)]
     assert res["state"].startswith("crashed"), res["state"]  # not "failing" nor "rank ... is left"
     assert run_lifecycle.conflicting_runs(req)[0] == []  # nothing to stop before a relaunch
-    info = job_ranks.stop_job(None, str(run_dir), launch, grace_s=1)
+    info = job_ranks.stop_job(None, str(run_dir), job[2], grace_s=1)
     assert info["ranks"] == [] and info["signal"] == "SIGTERM" and signals(run_dir) == []
