@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.fixtures import FAKE_TRAINER_CT, run_playbook
+from harness.waiting import wait_for
 
 pytestmark = pytest.mark.containers
 REPO = Path(__file__).resolve().parents[2]
@@ -39,16 +40,6 @@ def holders(remote_tmp):
         except OSError:
             pass
     return found
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def module_play(name):

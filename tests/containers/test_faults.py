@@ -15,6 +15,7 @@ import pytest
 from harness import lxc
 from harness.fixtures import FAKE_TRAINER_CT, run_playbook
 from harness.sshd import Sshd
+from harness.waiting import wait_for
 
 PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
 
@@ -51,16 +52,6 @@ def stopped(res):
 def one_line(msg):
     assert msg and "\n" not in msg.strip(), f"error is not one line: {msg!r}"
     return msg
-
-
-def wait_for(pred, timeout=20, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def snapshot(ct, run):

@@ -9,12 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
+from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 NPROC = 3
@@ -64,13 +64,6 @@ def make_req(runs_root, tiny, **params):
              wait_for_phase="training", phase_timeout=120)
     p.update(params)
     return run_config.build_request(p)
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def metrics_steps(run_dir):
