@@ -44,10 +44,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "..", "src")
-if SRC not in sys.path:
-    sys.path.insert(0, SRC)
+for _path in (SRC, HERE):  # HERE: loaded by path (tests), the sibling modules are still found
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 from dflash_trainer import cli  # noqa: E402  (stdlib only; torch is imported in main)
+from matmul_peak import measure_peak  # noqa: E402  (imports torch only when called)
 
 # dflash-train's flags this benchmark hands on (declared, defaulted and checked in config.py only).
 TRAIN_FLAGS = ("block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "token_budget",
@@ -105,28 +107,6 @@ def parse_args(argv):
 
 
 # --- measurements in this process ---
-
-def measure_peak(torch, device, n: int) -> dict:
-    """Best of ten n^3 matrix products (bf16 on CUDA; fp32 on the CPU, the dtype the CPU path trains in)."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(3):
-        a @ b
-    sync()
-    best = math.inf
-    for _ in range(10):
-        t0 = time.perf_counter()
-        a @ b
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    del a, b
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return {"tflops": 2 * n ** 3 / best / 1e12, "n": n, "dtype": str(dtype).replace("torch.", ""),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
-
 
 def write_target(torch, path: str, shape: dict, device) -> dict:
     """A random Qwen3 target (tied embeddings), made on `device`, saved with save_pretrained."""
@@ -381,7 +361,7 @@ def main(argv=None) -> int:
 
     try:
         # the peak first, in this process, on the GPU the target uses (then its memory is given back)
-        peak = measure_peak(torch, device, spec["matmul"])
+        peak = measure_peak(device, spec["matmul"])
         result["peak"] = peak
         print(f"peak: {peak['tflops']:.4g} TFLOP/s, best of ten {peak['n']}^3 {peak['dtype']} matrix products on "
               f"{peak['device']}" + (" (CPU: a smaller size, fp32 as the CPU path trains)" if mode == "cpu" else ""),

@@ -4,6 +4,7 @@ No target model is needed: the drafter is built from its config, with random fro
 lm_head and random target features, so the 27B target's drafter shape runs on one H200:
 
     python trainer/benchmarks/train_step.py --preset h200-27b --out results.json
+    python trainer/benchmarks/train_step.py --preset h200-27b --profile   # + time per part (issue 15)
     python trainer/benchmarks/train_step.py --preset tiny-cpu            # the CPU demo shape
     python trainer/benchmarks/train_step.py --hidden 4096 --num-draft-layers 5 --vocab 151936 --device cuda ...
 
@@ -17,6 +18,10 @@ at a time. FLOPs (training = forward + backward):
   attention 3 x 4 x visible (query, key) pairs x heads x head_dim   (no recomputation counted)
   head      2 x 2 x rows x V x H  (forward + input gradient; the head is frozen: no weight gradient)
 with Q = anchors x block query positions, T context positions, rows = supervised block slots.
+
+The peak it divides by is measured in the same process first (matmul_peak.py: best of ten 8192^3 bf16 products
+on CUDA, 512^3 fp32 on the CPU). --profile then runs torch.profiler over a few more steps and prints the time per
+part (profile_parts.py: linears, attention, norms/elementwise, head + loss, optimizer, copies, other, host gaps).
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, also when loaded by path
+from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
+from profile_parts import PROFILE_STEPS, profile_steps  # noqa: E402
 
 from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
@@ -62,10 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("hidden", "heads", "kv-heads", "head-dim", "intermediate", "vocab", "seq-len", "batch", "steps",
                  "warmup"):
         g.add_argument(f"--{name}", type=int, default=None)
-    p.add_argument("--peak-tflops", type=float, default=790.0, help="hardware peak (H200 dense bf16: ~790)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--no-compile", action="store_true", help="eager layers on CUDA (default: torch.compile)")
-    p.add_argument("--profile", action="store_true", help="after timing, print the top kernels of one step")
+    p.add_argument("--profile", action="store_true",
+                   help=f"after timing, profile {PROFILE_STEPS} more steps: time per part and the top kernels")
     p.add_argument("--both-labels", action="store_true",
                    help="time hard labels, then soft (KL to a target distribution; the target's last hidden "
                         "state is random here) in the same process")
@@ -106,7 +115,7 @@ def flop_estimate(cfg: DrafterConfig, T: int, anchors: torch.Tensor, valid: torc
             "total": 3 * layer_fwd + 3 * attn_fwd + head}
 
 
-def print_result(result: dict, args) -> None:
+def print_result(result: dict) -> None:
     s, flops = result["shape"], result["tflop_per_step"]
     median, tflops = result["step_s_median"], result["achieved_tflops"]
     rows = [("device", result["device"]),
@@ -119,7 +128,8 @@ def print_result(result: dict, args) -> None:
             ("TFLOP/step attention", f"{flops['attention']:.4g}"),
             ("TFLOP/step head", f"{flops['head']:.4g}"),
             ("achieved TFLOP/s", f"{tflops:.4g}"),
-            ("ratio to peak", f"{tflops / args.peak_tflops:.4g} of {args.peak_tflops:g} TFLOP/s")]
+            ("measured peak", describe(result["peak"])),
+            ("share of measured peak", f"{result['ratio_to_peak']:.4g}")]
     if "max_memory_gb" in result:
         rows.append(("peak memory", f"{result['max_memory_gb']:.1f} GB"))
     width = max(len(k) for k, _ in rows)
@@ -135,6 +145,8 @@ def main(argv=None) -> int:
         print("train_step.py: error: --device cuda but CUDA is not available; use --preset tiny-cpu or --device cpu",
               file=sys.stderr)
         return 2
+    peak = measure_peak(device, PEAK_N[device.type])  # before the model: its memory is given back
+    print(f"peak: {describe(peak)}", flush=True)
     torch.manual_seed(0)
     num_target_layers = 64
     cfg = DrafterConfig(hidden_size=s["hidden"], num_hidden_layers=train["num_draft_layers"], num_attention_heads=s["heads"],
@@ -229,25 +241,20 @@ def main(argv=None) -> int:
                   "trainable_params": sum(p.numel() for p in trainable), "step_s_median": median,
                   "step_s_all": times, "steps_per_s": 1 / median, "ratio_to_first": median / reference,
                   "tflop_per_step": {k: v / 1e12 for k, v in flops.items()}, "achieved_tflops": tflops,
-                  "peak_tflops": args.peak_tflops, "ratio_to_peak": tflops / args.peak_tflops,
+                  "peak": peak, "peak_tflops": peak["tflops"], "ratio_to_peak": tflops / peak["tflops"],
                   "loss": float(out.loss.detach()), "block_tokens_per_s": B * anchors.shape[1] * train["block_size"] / median}
         if device.type == "cuda":
             result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         results.append(result)
-        print_result(result, args)
+        print_result(result)
     if len(results) > 1:
         print(f"{'labels':<6} {'head loss':<9} {'step ms':>8} {'steps/s':>8} {'x first':>8} {'TFLOP/s':>8} {'warm-up s':>9}")
         for r in results:
             print(f"{r['labels']:<6} {r['head_loss']:<9} {r['step_s_median'] * 1e3:8.1f} {r['steps_per_s']:8.2f} "
                   f"{r['ratio_to_first']:8.3f} {r['achieved_tflops']:8.1f} {r['warmup_s']:9.1f}")
     if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=activities) as prof:
-            step(10_000)
-            sync()
-        sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-        print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60))
+        part_flop = {"linears": flops["layers"], "attention": flops["attention"], "head + loss": flops["head"]}
+        results[-1]["profile"] = profile_steps(lambda i: step(10_000 + i), sync, device.type, part_flop)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results[0] if len(results) == 1 else results, f, indent=2)

@@ -37,6 +37,7 @@ def _parsers():
     yield "dflash-train", cli.build_parser()
     yield "proof_smollm2", load_benchmark("proof_smollm2").build_parser()
     yield "train_step", load_benchmark("train_step").build_parser()
+    yield "target_forward", load_benchmark("target_forward").build_parser()
 
 
 @pytest.mark.parametrize("name,parser", list(_parsers()), ids=lambda x: x if isinstance(x, str) else "")
@@ -59,7 +60,8 @@ def test_the_check_finds_a_default_declared_twice():
 # the evaluation worker are other commands, with flags of their own: e.g. prepare-data's --max-seq-len refuses
 # longer rows where dflash-train's truncates.)
 TAKERS = [os.path.join(SRC, "cli.py")] + [os.path.join(BENCHMARKS, n) for n in
-                                          ("proof_smollm2.py", "proof_toy_cpu.py", "train_step.py", "proof_report.py")]
+                                          ("proof_smollm2.py", "proof_toy_cpu.py", "train_step.py", "proof_report.py",
+                                           "target_forward.py")]
 
 
 def test_no_taker_declares_a_trainer_flag_by_hand():

@@ -1,0 +1,40 @@
+"""The hardware peak the benchmarks divide by, measured in the benchmark's own process (issue 15): the best of
+ten n^3 matrix products, so clocks, power cap and library versions are those of the run it is compared with.
+Shared by train_step.py, target_forward.py and pipeline.py (torch is imported here only when called)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+
+def measure_peak(device, n: int) -> dict:
+    """Best of ten n^3 matrix products (bf16 on CUDA; fp32 on the CPU, the dtype the CPU path trains in)."""
+    import torch
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        a @ b
+    sync()
+    best = math.inf
+    for _ in range(10):
+        t0 = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    del a, b
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"tflops": 2 * n ** 3 / best / 1e12, "n": n, "dtype": str(dtype).replace("torch.", ""),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+
+
+def describe(peak: dict) -> str:
+    return (f"{peak['tflops']:.4g} TFLOP/s, best of ten {peak['n']}^3 {peak['dtype']} matrix products on "
+            f"{peak['device']} in this process")
+
+
+# n of the measurement per device type: 8192 on the GPU (issue 15); on the CPU a size that takes a moment
+PEAK_N = {"cuda": 8192, "cpu": 512}

@@ -1,0 +1,181 @@
+"""Time the frozen target's forward as dflash-train runs it, against the peak measured in this process (issue 15).
+
+    python trainer/benchmarks/target_forward.py --preset qwen3-8b --out $OUT/target-forward.json   # one H200
+    python trainer/benchmarks/target_forward.py --preset qwen3-8b --num-layers 12 --profile        # + time per part
+    python trainer/benchmarks/target_forward.py --preset tiny-cpu                                  # CPU, seconds
+
+The target has random weights: a transformers Qwen3Config / Qwen3ForCausalLM of the preset's shape, written with
+save_pretrained (pipeline.write_target) and loaded by dflash_trainer.target.FrozenTarget exactly as dflash-train
+loads --target-model (bf16 on CUDA, transformers' default attention). Each timed call is FrozenTarget's own
+forward on random ids: every hidden state kept (output_hidden_states), the taps returned, no logits (it runs the
+base model, not the head). A separate script, not a mode of train_step.py: another model, another loop, and
+train_step.py's flags are the drafter's.
+
+FLOP per forward (pipeline.target_flop_per_token x tokens, the figure pipeline.py reports for the target stage):
+  layers     2 x P x B x T                              P = parameters of the decoder layers (no embedding/head)
+  attention  4 x L x heads x head_dim x B x T(T+1)/2    causal: query i sees i+1 keys; QK^T and PV, 2 FLOP each
+with L layers, B sequences of T tokens. The layers are identical, so --num-layers (fewer layers of the same
+shape, to save load time and memory) leaves TFLOP/s, the figure that matters, unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # the sibling modules, also when loaded by path (tests)
+from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
+from pipeline import target_flop_per_token, write_target  # noqa: E402  (pipeline puts trainer/src on the path)
+from profile_parts import profile_steps  # noqa: E402
+
+from dflash_trainer import cli  # noqa: E402
+from dflash_trainer.config import declared_default, default_target_layer_ids, flag_fields  # noqa: E402
+
+# dflash-train's flags this benchmark takes (declared, defaulted and checked in config.py only).
+TRAIN_FLAGS = ("device", "num_target_taps", "use_soft_labels")
+# Named shapes and runs; a dflash-train command line for TRAIN_FLAGS, given before the user's (which win).
+PRESETS = {
+    # Qwen3-8B's shape (hidden 4096, 36 layers, 32 heads x 128, 8 KV heads, MLP 12288, vocab 151,936).
+    "qwen3-8b": (dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936,
+                      seq_len=8192, batch=1, steps=10, warmup=3), ["--device", "cuda"]),
+    # The dflash-make-tiny target's shape (the CPU demo and tests).
+    "tiny-cpu": (dict(hidden=64, layers=8, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
+                      seq_len=256, batch=2, steps=3, warmup=1), ["--device", "cpu"]),
+}
+OVERRIDES = ("num-layers", "seq-len", "batch", "steps", "warmup")  # flag -> shape key (num-layers -> layers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named shape (default: tiny-cpu)")
+    g = p.add_argument_group("overrides of the preset")
+    for name in OVERRIDES:
+        g.add_argument(f"--{name}", type=int, default=None)
+    p.add_argument("--profile", action="store_true", help="after timing, profile a few forwards: time per part")
+    p.add_argument("--work-dir", default=None, help="where the random target is written (default: a temporary "
+                                                    "dir, removed once loaded)")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    cli.add_train_flags(p, only=TRAIN_FLAGS)
+    return p
+
+
+def parse_args(argv):
+    """(args, shape, train): train holds the TRAIN_FLAGS values, dflash-train's defaults where not given."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    preset = build_parser().parse_known_args(argv)[0].preset
+    shape, train_argv = PRESETS[preset or "tiny-cpu"]
+    args = build_parser().parse_args(train_argv + argv)
+    shape = dict(shape)
+    for name in OVERRIDES:
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None:
+            if value < 1:
+                print(f"target_forward.py: error: --{name} is {value}; it must be at least 1", file=sys.stderr)
+                raise SystemExit(2)
+            shape["layers" if name == "num-layers" else name.replace("-", "_")] = value
+    defaults = {f.name: declared_default(f) for f in flag_fields() if f.name in TRAIN_FLAGS}
+    return args, shape, {**defaults, **cli.train_values(args)}
+
+
+def forward_flop(shape: dict, layer_params: int) -> dict:
+    """FLOP of one forward of shape["batch"] sequences (module docstring), split into layers and attention."""
+    tokens = shape["batch"] * shape["seq_len"]
+    total = target_flop_per_token(shape, layer_params, shape["seq_len"]) * tokens
+    layers = 2 * layer_params * tokens
+    return {"layers": layers, "attention": total - layers, "total": total}
+
+
+def main(argv=None) -> int:
+    args, s, train = parse_args(argv)
+    import torch
+    from dflash_trainer.target import FrozenTarget
+
+    device = torch.device(train["device"] if train["device"] != "auto" else
+                          ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("target_forward.py: error: --device cuda but CUDA is not available; use --preset tiny-cpu",
+              file=sys.stderr)
+        return 2
+    try:  # dflash-train's own rule and refusal, before anything is written
+        layer_ids = default_target_layer_ids(s["layers"], train["num_target_taps"])
+    except ValueError:
+        print(f"target_forward.py: error: {s['layers']} layers are too few for dflash-train's default taps "
+              f"(layers 1..L-3); pass --num-layers 4 or more", file=sys.stderr)
+        return 2
+    peak = measure_peak(device, PEAK_N[device.type])  # before the model: its memory is given back
+    print(f"peak: {describe(peak)}", flush=True)
+
+    work = args.work_dir or tempfile.mkdtemp(prefix="dflash-target-forward-")
+    try:
+        t0 = time.perf_counter()
+        made = write_target(torch, os.path.join(work, "target"), {**s}, device)
+        target = FrozenTarget(os.path.join(work, "target"), device, layer_ids,
+                              need_last_hidden=train["use_soft_labels"])
+        load_s = time.perf_counter() - t0
+    finally:
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"target: {s['layers']} layers, hidden {s['hidden']}, {made['layer_params'] / 1e9:.3g} B parameters in "
+          f"the layers, random, written and loaded in {load_s:.0f} s; taps {layer_ids}", flush=True)
+
+    B, T = s["batch"], s["seq_len"]
+    input_ids = torch.randint(0, s["vocab"] - 1, (B, T), generator=torch.Generator().manual_seed(0))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(s["warmup"]):
+        target(input_ids)
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(s["steps"]):
+        sync()
+        t0 = time.perf_counter()
+        taps, last = target(input_ids)
+        sync()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    median = times[len(times) // 2]
+    flop = forward_flop(s, made["layer_params"])
+    tflops = flop["total"] / median / 1e12
+    result = {"shape": s, "train_flags": train, "target_layer_ids": layer_ids, "layer_params": made["layer_params"],
+              "device": peak["device"], "dtype": str(target.model.dtype).replace("torch.", ""),
+              "attention": getattr(target.config, "_attn_implementation", None),
+              "taps": [list(t.shape) for t in taps], "last_hidden": None if last is None else list(last.shape),
+              "forward_s_median": median, "forward_s_all": times, "tokens_per_s": B * T / median,
+              "tflop_per_forward": {k: v / 1e12 for k, v in flop.items()}, "achieved_tflops": tflops,
+              "peak": peak, "peak_tflops": peak["tflops"], "ratio_to_peak": tflops / peak["tflops"]}
+    if device.type == "cuda":
+        result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    rows = [("device", f"{result['device']}, {result['dtype']}, attention {result['attention']}"),
+            ("shape", f"hidden {s['hidden']} layers {s['layers']} heads {s['heads']}x{s['head_dim']} kv "
+                      f"{s['kv_heads']} MLP {s['intermediate']} seq {T} batch {B}"),
+            ("forward (median)", f"{median * 1e3:.1f} ms of {len(times)}, {len(taps)} taps"),
+            ("tokens/s", f"{B * T / median:.1f}"),
+            ("TFLOP/forward", f"{flop['total'] / 1e12:.4g} (layers {flop['layers'] / 1e12:.4g}, attention "
+                              f"{flop['attention'] / 1e12:.4g})"),
+            ("achieved TFLOP/s", f"{tflops:.4g}"),
+            ("measured peak", describe(peak)),
+            ("share of measured peak", f"{result['ratio_to_peak']:.4g}")]
+    if "max_memory_gb" in result:
+        rows.append(("peak memory", f"{result['max_memory_gb']:.1f} GB"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    if args.profile:
+        part_flop = {"linears": flop["layers"], "attention": flop["attention"]}
+        result["profile"] = profile_steps(lambda i: target(input_ids), sync, device.type, part_flop)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Issue 15's benchmarks on the CPU, for function (no timed assertion): the peak measured in the process and the
+share printed beside the result, the time-per-part table of --profile, the target forward's FLOP count."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trainer_testlib import load_benchmark
+from dflash_trainer.config import default_target_layer_ids
+
+matmul_peak = load_benchmark("matmul_peak")
+profile_parts = load_benchmark("profile_parts")
+
+
+def test_measured_peak_is_a_positive_rate_of_the_asked_product():
+    peak = matmul_peak.measure_peak(torch.device("cpu"), 64)
+    assert peak["tflops"] > 0 and (peak["n"], peak["dtype"], peak["device"]) == (64, "float32", "cpu")
+    assert "best of ten 64^3 float32" in matmul_peak.describe(peak)
+
+
+@pytest.mark.parametrize("name,ancestors,part", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", ("aten::mm", "aten::linear"), "linears"),
+    ("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_NNT", ("aten::addmm",), "linears"),
+    ("aten::mm", ("MmBackward0",), "linears"),
+    ("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_NNT", ("aten::mm", "_ChunkedHeadLoss"), "head + loss"),
+    ("triton_red_fused__log_softmax_nll_loss_forward_0", (), "head + loss"),
+    ("triton_tem_fused_flex_attention_0", ("Torch-Compiled Region: 0/1",), "attention"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", ("aten::_flash_attention_forward",),
+     "attention"),
+    ("aten::bmm", ("aten::_scaled_dot_product_attention_math", "aten::scaled_dot_product_attention"), "attention"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+     ("aten::_fused_adamw_", "Optimizer.step#AdamW.step"), "optimizer"),
+    ("aten::_foreach_norm", (), "optimizer"),
+    ("aten::mul_", ("Optimizer.step#AdamW.step",), "optimizer"),
+    ("Memcpy HtoD (Pageable -> Device)", (), "copies"),
+    ("aten::copy_", ("aten::to",), "copies"),
+    ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", (), "norms/elementwise"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", (),
+     "norms/elementwise"),
+    ("aten::add_", (), "norms/elementwise"),
+    ("aten::expand", (), "other"),
+    ("aten::addmm", (), "linears"),
+    ("cudaStreamSynchronize", (), "other"),
+])
+def test_kernels_are_grouped_by_name_and_launching_ops(name, ancestors, part):
+    assert profile_parts.part_of(name, ancestors) == part
+
+
+def _event(id, name, device, linked=0, parent=None, us=0.0):
+    """The few fields of torch.profiler's FunctionEvent that profiler_items reads (CUDA events need a GPU)."""
+    return SimpleNamespace(id=id, name=name, device_type=SimpleNamespace(name=device), linked_correlation_id=linked,
+                           cpu_parent=parent, is_async=False, self_cpu_time_total=us,
+                           time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+
+def test_gpu_kernels_are_timed_with_the_ops_that_launched_them():
+    head = _event(1, "_ChunkedHeadLoss", "CPU")
+    mm = _event(2, "aten::mm", "CPU", parent=head)
+    events = [head, mm, _event(3, "cudaLaunchKernel", "CPU", linked=2, us=5.0),
+              _event(4, "nvjet_tst_256x128", "CUDA", linked=2, us=700.0),
+              _event(5, "Memcpy HtoD (Pageable -> Device)", "CUDA", linked=99, us=300.0)]
+    prof = SimpleNamespace(events=lambda: events)
+    assert profile_parts.profiler_items(prof, "cuda") == [
+        ("nvjet_tst_256x128", ("aten::mm", "_ChunkedHeadLoss"), 7e-4), ("Memcpy HtoD (Pageable -> Device)", (), 3e-4)]
+    rows = profile_parts.time_table(profile_parts.profiler_items(prof, "cuda"), wall_s=2e-3)
+    assert [(p, round(share, 3)) for p, _, share in rows if share] == [("head + loss", 0.35), ("copies", 0.15),
+                                                                      ("host gaps", 0.5)]
+
+
+def test_time_table_shares_sum_to_one_with_the_host_gaps():
+    items = [("aten::mm", (), 0.3), ("flash_fwd", (), 0.2), ("Memset (Device)", (), 0.1), ("odd", (), 0.1)]
+    rows = profile_parts.time_table(items, wall_s=1.0)
+    table = {part: (s, share) for part, s, share in rows}
+    assert [part for part, _, _ in rows] == list(profile_parts.PARTS) + ["host gaps"]
+    assert table["linears"] == (0.3, 0.3) and table["other"][0] == 0.1
+    assert table["host gaps"][0] == pytest.approx(0.3)
+    assert sum(share for _, _, share in rows) == pytest.approx(1.0)
+    # kernels overlapping (two streams): more kernel time than wall; no negative gap, shares still sum to 1
+    rows = profile_parts.time_table(items, wall_s=0.5)
+    assert dict((p, s) for p, s, _ in rows)["host gaps"] == 0.0
+    assert sum(share for _, _, share in rows) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="nothing was timed"):
+        profile_parts.time_table([], wall_s=0.0)
+
+
+def test_train_step_prints_the_measured_peak_and_the_parts_of_a_profiled_step(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    argv = ["--preset", "tiny-cpu", "--seq-len", "128", "--batch", "2", "--steps", "1", "--warmup", "1",
+            "--profile", "--out", str(out)]
+    assert load_benchmark("train_step").main(argv) == 0
+    text = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["peak"]["tflops"] > 0 and "--peak-tflops" not in load_benchmark("train_step").__doc__
+    assert result["ratio_to_peak"] == pytest.approx(result["achieved_tflops"] / result["peak"]["tflops"])
+    assert f"share of measured peak  {result['ratio_to_peak']:.4g}" in text
+    assert "best of ten 512^3 float32 matrix products on cpu in this process" in text
+    parts = result["profile"]["parts"]
+    assert list(parts) == list(profile_parts.PARTS) + ["host gaps"]
+    assert sum(p["share"] for p in parts.values()) == pytest.approx(1.0)
+    # the tiny step's work is there, each in its part: the head inside _ChunkedHeadLoss, AdamW, the matmuls
+    assert all(parts[p]["s_per_step"] > 0 for p in ("linears", "attention", "head + loss", "optimizer"))
+    for part in parts:
+        assert f"  {part:<18} " in text
+
+
+def _hand_layer_params(H, heads, kv, d, inter):
+    # q, k, v, o projections (no bias), gate/up/down, two RMSNorms of H, q_norm and k_norm of d
+    return H * heads * d * 2 + H * kv * d * 2 + 3 * H * inter + 2 * H + 2 * d
+
+
+def test_target_forward_runs_the_trainers_target_and_counts_flop_by_hand(tmp_path, capsys):
+    target_forward = load_benchmark("target_forward")
+    out = tmp_path / "forward.json"
+    argv = ["--preset", "tiny-cpu", "--num-layers", "6", "--seq-len", "64", "--batch", "3", "--steps", "1",
+            "--profile", "--out", str(out)]
+    assert target_forward.main(argv) == 0
+    text = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    H, heads, kv, d, inter, L, B, T = 64, 4, 2, 16, 128, 6, 3, 64
+    assert r["layer_params"] == L * _hand_layer_params(H, heads, kv, d, inter)
+    layers = 2 * r["layer_params"] * B * T
+    attention = L * 4 * heads * d * B * T * (T + 1) // 2     # causal: sum over queries of (i + 1) keys
+    assert r["tflop_per_forward"]["layers"] * 1e12 == pytest.approx(layers)
+    assert r["tflop_per_forward"]["attention"] * 1e12 == pytest.approx(attention)
+    # dflash-train's default taps of a 6-layer target, each [B, T, H]; no logits, no last hidden state
+    assert r["target_layer_ids"] == default_target_layer_ids(L, 5) and r["taps"] == [[B, T, H]] * 5 and r["last_hidden"] is None
+    assert r["tokens_per_s"] == pytest.approx(B * T / r["forward_s_median"])
+    assert r["ratio_to_peak"] == pytest.approx(r["achieved_tflops"] / r["peak"]["tflops"])
+    assert f"share of measured peak  {r['ratio_to_peak']:.4g}" in text
+    assert sum(p["share"] for p in r["profile"]["parts"].values()) == pytest.approx(1.0)
+
+
+def test_target_forward_refuses_too_few_layers_before_writing_anything(tmp_path, capsys):
+    target_forward = load_benchmark("target_forward")
+    assert target_forward.main(["--num-layers", "3", "--work-dir", str(tmp_path / "w")]) == 2
+    assert "pass --num-layers 4 or more" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
