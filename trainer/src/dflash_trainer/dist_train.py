@@ -153,6 +153,10 @@ class _Frozen:
         embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
         names = {"embed": [n for n, p in model.named_parameters(remove_duplicate=False) if p is embed],
                  "head": [n for n, p in model.named_parameters(remove_duplicate=False) if p is head]}
+        # A vision-language checkpoint (Qwen3.5/3.6: Qwen3_5ForConditionalGeneration) keeps the text model under
+        # model.language_model.*, which AutoModelForCausalLM loads as its model.*
+        names = {what: [*found, *(f"model.language_model.{n[6:]}" for n in found if n.startswith("model."))]
+                 for what, found in names.items()}
         found = {}
         for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
             with safe_open(path, "pt") as f:

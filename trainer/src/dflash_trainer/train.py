@@ -154,7 +154,10 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
 
     # --- weights load from here on ---
     from dflash_trainer.target import FrozenTarget
-    target = FrozenTarget(cfg.target_model, target_device, layer_ids, need_last_hidden=cfg.use_soft_labels)
+    # Loading some targets draws from the CPU generator (Qwen3.5's Gated DeltaNet initializes A_log in __init__):
+    # the drafter's initial weights depend on --seed only, as on a drafter rank, which never loads the target.
+    with torch.random.fork_rng(devices=[]):
+        target = FrozenTarget(cfg.target_model, target_device, layer_ids, need_last_hidden=cfg.use_soft_labels)
     drafter = training_drafter(drafter_cfg, target, drafter_device, cfg.compile_layers)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
