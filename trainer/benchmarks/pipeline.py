@@ -338,8 +338,7 @@ def main(argv=None) -> int:
     if mode == "nccl" and torch.cuda.device_count() < 2:
         print("pipeline.py: error: --mode nccl needs 2 GPUs; use --mode shared", file=sys.stderr)
         return 2
-    defaults = {f.name: cli.declared_default(f) for f in cli.flag_fields() if f.name in TRAIN_FLAGS}
-    train = {**defaults, **cli.train_values(args)}
+    train = cli.train_settings(args, TRAIN_FLAGS)
     if train["grad_accum"] != 1:
         print("pipeline.py: error: the phases count micro-batches as steps; keep --grad-accum 1", file=sys.stderr)
         return 2

@@ -26,7 +26,6 @@ sys.path.insert(0, HERE)
 import proof_smollm2  # noqa: E402
 
 from dflash_trainer import cli  # noqa: E402
-from dflash_trainer.config import TrainConfig, declared_default  # noqa: E402
 from dflash_trainer.data import TokenizedDataset, collate  # noqa: E402
 from dflash_trainer.make_tiny import write_target  # noqa: E402
 from dflash_trainer.prepare_data import prepare  # noqa: E402
@@ -72,7 +71,7 @@ def main() -> int:
     p.add_argument("--target-steps", type=int, default=400)
     cli.add_train_flags(p, only=("seed",))  # also seeds the toy target and its data
     args, rest = p.parse_known_args()  # the rest goes to proof_smollm2.py (and dflash-train), after the toy's flags
-    args.seed = {"seed": declared_default(TrainConfig.__dataclass_fields__["seed"]), **cli.train_values(args)}["seed"]
+    args.seed = cli.train_settings(args, ("seed",))["seed"]
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     t0 = time.time()

@@ -35,7 +35,7 @@ from pipeline import target_flop_per_token, write_target  # noqa: E402  (pipelin
 from profile_parts import profile_steps  # noqa: E402
 
 from dflash_trainer import cli  # noqa: E402
-from dflash_trainer.config import declared_default, default_target_layer_ids, flag_fields  # noqa: E402
+from dflash_trainer.config import default_target_layer_ids  # noqa: E402
 
 # dflash-train's flags this benchmark takes (declared, defaulted and checked in config.py only).
 TRAIN_FLAGS = ("device", "num_target_taps", "use_soft_labels")
@@ -79,8 +79,7 @@ def parse_args(argv):
                 print(f"target_forward.py: error: --{name} is {value}; it must be at least 1", file=sys.stderr)
                 raise SystemExit(2)
             shape["layers" if name == "num-layers" else name.replace("-", "_")] = value
-    defaults = {f.name: declared_default(f) for f in flag_fields() if f.name in TRAIN_FLAGS}
-    return args, shape, {**defaults, **cli.train_values(args)}
+    return args, shape, cli.train_settings(args, TRAIN_FLAGS)
 
 
 def forward_flop(shape: dict, layer_params: int) -> dict:

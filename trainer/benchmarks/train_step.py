@@ -40,7 +40,6 @@ from profile_parts import PROFILE_STEPS, profile_steps  # noqa: E402
 
 from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
-from dflash_trainer.config import declared_default, flag_fields
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 
@@ -95,9 +94,7 @@ def parse_args(argv):
         value = getattr(args, key.replace("-", "_"), None)
         if value is not None:
             shape[key] = value
-    defaults = {f.name: declared_default(f) for f in flag_fields() if f.name in TRAIN_FLAGS}
-    train = {**defaults, **cli.train_values(args)}
-    return args, shape, train
+    return args, shape, cli.train_settings(args, TRAIN_FLAGS)
 
 
 def flop_estimate(cfg: DrafterConfig, T: int, anchors: torch.Tensor, valid: torch.Tensor, rows: int) -> dict:

@@ -138,3 +138,11 @@ def test_readme_states_the_declared_defaults():
     for flag, value in pairs:
         default = declared_default(TRAIN_FLAGS[flag])
         assert type(default)(value) == default, flag
+
+
+def test_train_settings_are_the_given_values_over_the_declared_defaults():
+    """A benchmark's trainer settings: parsed values where given, the one declared default elsewhere, nothing else."""
+    p = argparse.ArgumentParser()
+    cli.add_train_flags(p, only=("lr", "block_size", "seed"))
+    settings = cli.train_settings(p.parse_args(["--lr", "2e-3"]), ("lr", "block_size"))
+    assert settings == {"lr": 2e-3, "block_size": declared_default(TrainConfig.__dataclass_fields__["block_size"])}

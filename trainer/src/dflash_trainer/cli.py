@@ -88,6 +88,12 @@ def train_values(namespace: argparse.Namespace) -> dict:
     return values
 
 
+def train_settings(namespace: argparse.Namespace, only) -> dict:
+    """Every trainer flag named in `only`: the given value, else its declared default (a benchmark's settings)."""
+    defaults = {f.name: declared_default(f) for f in flag_fields() if f.name in only}
+    return {**defaults, **{k: v for k, v in train_values(namespace).items() if k in only}}
+
+
 def given_train_argv(namespace: argparse.Namespace, skip=()) -> list[str]:
     """The given trainer flags of a namespace as a dflash-train command line (a driver hands them on)."""
     argv = []
