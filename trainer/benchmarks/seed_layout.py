@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="seconds one job may take (preset's)")
     p.add_argument("--work-dir", default=None, help="target, data and run dirs (default: a temporary dir, removed)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
+    p.add_argument("--inputs-only", action="store_true",
+                   help="write the target and data into --work-dir and stop (a later call with it runs the jobs)")
     cli.add_train_flags(p, only=TRAIN_FLAGS)
     return p
 
@@ -166,6 +168,7 @@ def stage_rates(profile: list[dict], warmup: int) -> dict:
 def run_split(t: int, d: int, place: list[str], base: list[str], spec: dict, work: str, env: dict) -> dict:
     name = f"{t}-{d}"
     run_dir = os.path.join(work, f"run-{name}")
+    shutil.rmtree(run_dir, ignore_errors=True)  # a job of an earlier call would resume from its checkpoint
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(t + d),
            "-m", "dflash_trainer.cli", *base, *place, "--output-dir", run_dir]
     print(f"job {t}:{d}: " + " ".join(cmd[1:8]) + " ...", flush=True)
@@ -176,15 +179,18 @@ def run_split(t: int, d: int, place: list[str], base: list[str], spec: dict, wor
                     and r.get("step_s") is not None}) == d
     wall = pipeline.run_job(cmd, run_dir, os.path.join(work, f"{name}.log"), done, spec["timeout"], env)
     rates = stage_rates(pipeline.read_jsonl(os.path.join(run_dir, "profile.jsonl")), spec["warmup"])
+    # which linear-attention code ran: transformers logs each kernel it replaces by its torch reference code
+    with open(os.path.join(work, f"{name}.log"), errors="replace") as f:
+        fallbacks = sorted({line.strip() for line in f if "falling back" in line.lower()})
     return {"split": f"{t}:{d}", "target_ranks": t, "drafter_ranks": d, "job_wall_s": round(wall, 1),
-            "command": cmd, **rates}
+            "command": cmd, "kernel_fallbacks": fallbacks, **rates}
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     preset = build_parser().parse_known_args(argv)[0].preset
     args = build_parser().parse_args(PRESETS[preset]["train"] + argv)
-    spec = dict(PRESETS[preset], shape=dict(PRESETS[preset]["shape"]))
+    spec = dict(PRESETS[preset], shape=dict(PRESETS[preset]["shape"]), preset=preset)
     for key, value in (("steps", args.steps), ("warmup", args.warmup_steps), ("timeout", args.timeout)):
         spec[key] = value if value is not None else spec[key]
     if args.target_layers:
@@ -206,6 +212,10 @@ def main(argv=None) -> int:
         print(f"seed_layout.py: error: a split needs {max(t + d for t, d, _ in layouts)} GPUs, "
               f"{torch.cuda.device_count()} are visible; give --splits that fit", file=sys.stderr)
         return 2
+    if args.inputs_only and not args.work_dir:
+        print("seed_layout.py: error: --inputs-only keeps what it writes only in a --work-dir; give one",
+              file=sys.stderr)
+        return 2
     work = args.work_dir or tempfile.mkdtemp(prefix="dflash-seed-layout-")
     os.makedirs(work, exist_ok=True)
     result = {"preset": preset, "train_flags": train, "steps": spec["steps"], "warmup_steps": spec["warmup"],
@@ -219,6 +229,9 @@ def main(argv=None) -> int:
         result["peak"] = measure_peak(device, PEAK_N[device.type])
         print("peak: " + describe(result["peak"]), flush=True)
         result.update(write_inputs(torch, spec, train, device, work))
+        if args.inputs_only:
+            save(args.out, result)
+            return 0
         base = ["--target-model", os.path.join(work, "target"), "--data-dir", os.path.join(work, "data"),
                 "--max-steps", str(spec["steps"]), "--epochs", "1000", "--log-interval", "1",
                 "--checkpoint-interval", "1000000", "--heartbeat-interval", "1", *cli.given_train_argv(args)]
@@ -239,10 +252,26 @@ def main(argv=None) -> int:
 
 
 def write_inputs(torch, spec: dict, train: dict, device, work: str) -> dict:
-    """The random hybrid target and its data; the FLOP per token of each stage."""
+    """The random hybrid target and its data; the FLOP per token of each stage. A --work-dir that holds them for
+    the same shape, data and drafter flags is reused (the 27B target takes minutes to write: one lease call
+    writes it, the next ones time other splits)."""
     from dflash_trainer.config import default_target_layer_ids
     from dflash_trainer.drafter import DrafterConfig
     from dflash_trainer.make_tiny import qwen3_5_config, write_target
+    per_batch = max(1, min(train["token_budget"] // spec["seq_len"], train["max_batch_size"]))
+    # a preset's job on up to 8 drafter ranks in one epoch (--epochs is high: more steps repeat the data), and the
+    # same data whatever --steps, so a --work-dir's target is reused by calls with other --steps
+    micro_batches = PRESETS[spec["preset"]]["steps"] * train["grad_accum"] * 8
+    key = {"shape": spec["shape"], "seq_len": spec["seq_len"], "sequences": micro_batches * per_batch,
+           "drafter": {k: train[k] for k in ("num_draft_layers", "num_target_taps", "block_size", "max_anchors",
+                                             "token_budget", "max_batch_size")}}
+    made = os.path.join(work, "inputs.json")
+    if os.path.exists(made):
+        with open(made) as f:
+            saved = json.load(f)
+        if saved["key"] == key:
+            print(f"target and data: reused from {work}", flush=True)
+            return saved["inputs"]
     t0 = time.time()
     config = qwen3_5_config(**spec["shape"])
     model = write_target(os.path.join(work, "target"), seed=0, config=config, device=str(device))
@@ -251,8 +280,6 @@ def write_inputs(torch, spec: dict, train: dict, device, work: str) -> dict:
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    per_batch = max(1, min(train["token_budget"] // spec["seq_len"], train["max_batch_size"]))
-    micro_batches = spec["steps"] * train["grad_accum"] * 8  # enough for any split of up to 8 drafter ranks
     pipeline.write_data(os.path.join(work, "data"), micro_batches * per_batch, spec["seq_len"], text.vocab_size)
     full = text.layer_types.count("full_attention")
     print(f"target: Qwen3_5ForConditionalGeneration (text: Qwen3_5TextConfig), {text.num_hidden_layers} layers = "
@@ -266,9 +293,12 @@ def write_inputs(torch, spec: dict, train: dict, device, work: str) -> dict:
                                             text.vocab_size - 1)
     drafter_flop, tokens = pipeline.drafter_flop_per_micro_batch(torch, drafter_cfg, os.path.join(work, "data"),
                                                                  train)
-    return {"target": {"layers": text.layer_types, "layer_params": layer_params, "taps": layer_ids},
-            "flop_per_token": {"target": pipeline.target_flop_per_token(shape, layer_params, spec["seq_len"]),
-                               "drafter": drafter_flop / tokens}}
+    inputs = {"target": {"layers": text.layer_types, "layer_params": layer_params, "taps": layer_ids},
+              "flop_per_token": {"target": pipeline.target_flop_per_token(shape, layer_params, spec["seq_len"]),
+                                 "drafter": drafter_flop / tokens}}
+    with open(made, "w") as f:
+        json.dump({"key": key, "inputs": inputs}, f)
+    return inputs
 
 
 def save(path, result):
@@ -298,6 +328,7 @@ def report(result: dict) -> None:
         print(f"end to end / slower stage ({job['slower_stage']}): {job['end_to_end_over_slower'] or 0:.3f} "
               f"(goal >= 0.9); drafters waited for hidden states {job['drafter_wait_share']:.0%} of their time, "
               f"targets waited to hand over {job['target_wait_share']:.0%}")
+        print("linear attention: " + ("; ".join(job["kernel_fallbacks"]) or "no fallback logged (fast kernels)"))
         q = job["queue_over_time"]
         shown = q if len(q) <= 12 else [q[round(i * (len(q) - 1) / 11)] for i in range(12)]
         print("queue depth per drafter rank after each step: " + "; ".join(

@@ -38,6 +38,7 @@ def _parsers():
     yield "proof_smollm2", load_benchmark("proof_smollm2").build_parser()
     yield "train_step", load_benchmark("train_step").build_parser()
     yield "target_forward", load_benchmark("target_forward").build_parser()
+    yield "seed_layout", load_benchmark("seed_layout").build_parser()
 
 
 @pytest.mark.parametrize("name,parser", list(_parsers()), ids=lambda x: x if isinstance(x, str) else "")
@@ -61,7 +62,7 @@ def test_the_check_finds_a_default_declared_twice():
 # longer rows where dflash-train's truncates.)
 TAKERS = [os.path.join(SRC, "cli.py")] + [os.path.join(BENCHMARKS, n) for n in
                                           ("proof_smollm2.py", "proof_toy_cpu.py", "train_step.py", "proof_report.py",
-                                           "target_forward.py")]
+                                           "target_forward.py", "seed_layout.py")]
 
 
 def test_no_taker_declares_a_trainer_flag_by_hand():

@@ -29,6 +29,8 @@ def test_cpu_preset_reports_each_stage_the_queue_and_the_sweep_and_every_rank_to
                     "end_to_end_over_slower"):
             assert job[key] > 0, key
         assert set(job["tflops"]) == {"target stage", "drafter stage", "end to end"}
+        # the CPU has neither flash-linear-attention nor causal-conv1d: both fallbacks are named
+        assert any("chunk_gated_delta_rule" in line for line in job["kernel_fallbacks"]), job["kernel_fallbacks"]
         assert job["slower_stage"] in ("target", "drafter")
         assert 0 <= job["drafter_wait_share"] <= 1 and 0 <= job["target_wait_share"] <= 1
         assert [q["step"] for q in job["queue_over_time"]] == list(range(1, result["steps"] + 1))
