@@ -1,0 +1,92 @@
+"""Issue 14's stop/restart on the CPU: the seed's layout (5 target + 3 drafter ranks of dflash-train under torchrun,
+gloo) on a tiny target of the seed's family (Qwen3.5: Gated DeltaNet + full attention), started, stopped mid-run and
+restarted through playbooks/restart_training.yml and stop_training.yml with a local inventory. The job resumes at
+the step it saved on SIGTERM and, step for step, trains on the batches of an uninterrupted one-process run (the
+metrics' data checksum) with its losses: no batch repeated or skipped."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_helpers import module_result, run_project_playbook
+from harness.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+STEPS = 200  # long enough that the stop playbook (seconds of ansible start-up) comes mid-run
+TRAIN = {"block_size": 4, "max_anchors": 16, "num_draft_layers": 1, "gamma": 4, "token_budget": 1024,
+         "max_seq_len": 256, "max_batch_size": 4, "lr": 3e-3, "log_interval": 1, "heartbeat_interval": 0.2,
+         "checkpoint_interval": 1000, "max_steps": STEPS, "epochs": 50}
+
+
+def metrics(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid")
+    subprocess.run([sys.executable, "-m", "dflash_trainer.make_tiny", "--family", "qwen3_5", "--target-dir",
+                    str(root / "target"), "--data-dir", str(root / "data"), "--num-sequences", "96"],
+                   check=True, capture_output=True)
+    # the uninterrupted reference: one process, 3 micro-batches per step (= 3 drafter ranks x 1)
+    ref = root / "ref"
+    argv = [sys.executable, "-m", "dflash_trainer.cli", "--target-model", str(root / "target"), "--data-dir",
+            str(root / "data"), "--output-dir", str(ref), "--target-gpus", "", "--drafter-gpus", "",
+            "--grad-accum", "3"] + ["--%s=%s" % (k.replace("_", "-"), v) for k, v in TRAIN.items()]
+    subprocess.run(argv, check=True, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    return root
+
+
+def play(tmp_path, playbook, tiny, n=[0]):
+    n[0] += 1
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps({"dflash_training": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        "dflash_transport": "local", "dflash_runs_root": str(tmp_path / "runs"),
+        "dflash_trainer_command": [sys.executable, "-m", "dflash_trainer.cli"],
+        "dflash_wait_for_phase": "training", "dflash_heartbeat_timeout": 120, "dflash_phase_timeout": 180,
+        "dflash_run_defaults": {"env": {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}},
+        "dflash_runs": {"seed": {"nproc_per_node": 8, "trainer_args": dict(
+            TRAIN, target_model=str(tiny / "target"), data_dir=str(tiny / "data"), output_dir=str(tmp_path / "out"),
+            device="cpu", target_gpus=[], drafter_gpus=[], target_ranks=5, grad_accum=1,
+            hs_queue_depth=4, hs_queue_min_ready=2)}}}}}}))
+    status, events = run_project_playbook(tmp_path / ("runner-%d" % n[0]), playbook, str(inv), {"run": "seed"})
+    assert status == "successful", events[-1]
+    return module_result(events)
+
+
+@pytest.mark.timeout(420)
+def test_stop_then_restart_resumes_at_the_saved_step_and_repeats_or_skips_no_batch(tmp_path, tiny):
+    run_dir = str(tmp_path / "runs" / "seed")
+    try:
+        first = play(tmp_path, "restart_training.yml", tiny)
+        assert first["changed"] and [r["role"] for r in first["ranks"]] == ["target"] * 5 + ["drafter"] * 3
+        wait_for(lambda: len(metrics(run_dir)) >= 3, 180, "no third optimizer step within 180 s")
+        stopped = play(tmp_path, "stop_training.yml", tiny)
+        assert stopped["changed"] and stopped["stopped"][0]["signal"] == "SIGTERM", stopped
+        with open(os.path.join(run_dir, "heartbeat.json")) as f:
+            hb = json.load(f)
+        assert hb["stopped"] == "SIGTERM" and 3 <= hb["step"] < STEPS, hb
+        saved = hb["step"]
+        assert os.path.isdir(tmp_path / "out" / "checkpoints" / ("step-%d" % saved))
+
+        again = play(tmp_path, "restart_training.yml", tiny)
+        assert again["changed"] and again["pid"] != first["pid"]
+        wait_for(lambda: (json.load(open(os.path.join(run_dir, "heartbeat.json"))).get("phase") == "finished"
+                          and len(metrics(run_dir)) >= STEPS), 240, "the restarted job did not finish")
+    finally:
+        play(tmp_path, "stop_training.yml", tiny)
+    log = open(os.path.join(run_dir, "train.log")).read()
+    assert "at step %d" % saved in log and "resumed from" in log, log[-3000:]
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    ref = {r["step"]: r for r in metrics(str(tiny / "ref"))}
+    for r in rows:
+        assert r["data_crc"] == ref[r["step"]]["data_crc"], "step %d: other batches than the reference" % r["step"]
+        assert abs(r["loss"] - ref[r["step"]]["loss"]) <= 1e-4 * max(1.0, abs(r["loss"])), (r, ref[r["step"]])
