@@ -41,6 +41,7 @@ from profile_parts import PROFILE_STEPS, profile_steps  # noqa: E402
 from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.optimizer import drafter_adamw
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 
 # The trainer flags this benchmark takes: dflash-train's own (declaration, defaults and checks in config.py).
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not args.no_compile:
         drafter.compile_layers()
     trainable = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=train["lr"], weight_decay=train["weight_decay"], fused=device.type == "cuda")
+    optimizer = drafter_adamw(trainable, train["lr"], train["weight_decay"], device)
 
     B, T = s["batch"], s["seq_len"]
     input_ids = torch.randint(0, s["vocab"] - 1, (B, T))

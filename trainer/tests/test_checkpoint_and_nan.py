@@ -64,3 +64,21 @@ def test_nan_steps_are_skipped_and_counted(tiny, tmp_path, monkeypatch):
 def test_too_many_nan_steps_in_a_row_halt(tiny, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="non-finite steps in a row"):
         _run(tiny, tmp_path, monkeypatch, 10**9, "--max-steps", "50", "--max-bad-steps", "3")
+
+
+def test_drafter_adamw_is_fused_on_cuda_only_and_its_state_moves_between_kinds():
+    """One optimizer for dflash-train and the step benchmark: fused on CUDA (not for FSDP's DTensor shards),
+    default elsewhere; a foreach optimizer's state loads into another built the same way."""
+    from dflash_trainer.optimizer import drafter_adamw
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    cpu = drafter_adamw([w], 1e-3, 0.01, "cpu")
+    assert cpu.defaults["fused"] is None and cpu.defaults["lr"] == 1e-3 and cpu.defaults["weight_decay"] == 0.01
+    w.grad = torch.ones_like(w)
+    cpu.step()
+    again = drafter_adamw([w], 1e-3, 0.01, "cpu")
+    again.load_state_dict(cpu.state_dict())
+    assert torch.equal(again.state[w]["exp_avg"], cpu.state[w]["exp_avg"])
+    if torch.cuda.is_available():
+        assert drafter_adamw([torch.nn.Parameter(torch.randn(2, device="cuda"))], 1e-3, 0.0, "cuda").defaults["fused"]
+        assert not drafter_adamw([torch.nn.Parameter(torch.randn(2, device="cuda"))], 1e-3, 0.0, "cuda",
+                                 sharded=True).defaults["fused"]

@@ -57,6 +57,7 @@ from dflash_trainer.heartbeat import RESERVE_NAME, Heartbeat
 from dflash_trainer.hs_queue import HiddenStateQueue, batch_tap_bytes, check_host_memory, mem_available
 from dflash_trainer.hs_transport import Item, Receiver, Sender
 from dflash_trainer.loss import acceptance_proxy
+from dflash_trainer.optimizer import drafter_adamw
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, profile_line
 from dflash_trainer.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
@@ -278,7 +279,7 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     parallel = ParallelDrafter(drafter, mode, world.drafter_group, world.device)
     ddp = parallel.model
     trainable = [p for p in drafter.parameters() if p.requires_grad]  # FSDP's sharded ones: after wrapping
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = drafter_adamw(trainable, cfg.lr, cfg.weight_decay, world.device, sharded=mode == "fsdp")
     if state is not None:
         parallel.load_optimizer(optimizer, train_state["optimizer"])
 

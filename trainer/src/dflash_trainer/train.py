@@ -28,6 +28,7 @@ from dflash_trainer.heartbeat import Heartbeat
 from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.schedule import Schedule
 from dflash_trainer.step import derived_seed, drafter_micro_batch
+from dflash_trainer.optimizer import drafter_adamw
 from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, Profiler
 from dflash_trainer.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
 from dflash_trainer.wandb_log import WandbLog, check_available
@@ -160,7 +161,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
         target = FrozenTarget(cfg.target_model, target_device, layer_ids, need_last_hidden=cfg.use_soft_labels)
     drafter = training_drafter(drafter_cfg, target, drafter_device, cfg.compile_layers)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = drafter_adamw(trainable, cfg.lr, cfg.weight_decay, drafter_device)
 
     steps_per_epoch = math.ceil(loader.batches_in_epoch(0) / cfg.grad_accum)
     total_steps = cfg.epochs * steps_per_epoch
