@@ -1,5 +1,6 @@
 """Anchors, same-position labels and the visibility mask, checked on a real tiny drafter."""
 
+import pytest
 import torch
 
 from dflash_trainer.blocks import (block_inputs, block_labels, dense_block_mask, flex_block_mask, sample_anchors,
@@ -158,15 +159,17 @@ def test_split_fc_is_identical():
     assert torch.allclose(d1.context(taps), d2.context(taps), atol=1e-5)
 
 
-def test_tile_padding_leaves_the_loss_unchanged():
-    """step.pad_to_tiles (on CUDA by default, for flex attention's fixed tiles) pads the context and the anchors;
-    no block may see the padding and padded anchors carry no loss, so loss and gradients equal the unpadded ones."""
+@pytest.mark.parametrize("lengths, max_anchors", [([45, 30, 17], 11), ([45], 3)])
+def test_tile_padding_leaves_the_loss_unchanged(lengths, max_anchors):
+    """step.pad_to_tiles (on CUDA by default, for flex attention's fixed tiles) pads the context and the anchors
+    (and a batch of one with an empty sequence); no block may see the padding and padded anchors and sequences
+    carry no loss, so loss and gradients equal the unpadded ones."""
     from dflash_trainer.step import drafter_micro_batch
 
     torch.manual_seed(0)
     d = tiny_drafter(vocab=512, hidden=64, head_dim=16)
-    B, T = 3, 45
-    lengths = torch.tensor([45, 30, 17])
+    B, T = len(lengths), 45
+    lengths = torch.tensor(lengths)
     ids = torch.randint(5, 500, (B, T))
     loss_mask = (torch.arange(T)[None, :] < lengths[:, None]) & (torch.arange(T)[None, :] >= 3)
     taps = [torch.randn(B, T, 64) for _ in range(d.cfg.num_taps)]
@@ -174,7 +177,7 @@ def test_tile_padding_leaves_the_loss_unchanged():
     results = []
     for tile_shapes in (False, True):
         d.zero_grad()
-        out = drafter_micro_batch(d, taps, last, ids, loss_mask, lengths, max_anchors=11, gamma=4.0,
+        out = drafter_micro_batch(d, taps, last, ids, loss_mask, lengths, max_anchors=max_anchors, gamma=4.0,
                                   noise_amplitude=0.05, seed=7, head_chunk_size=64, tile_shapes=tile_shapes)
         out.loss.backward()
         results.append((out.loss.detach(), d.fc.weight.grad.clone(), d.layers[0].mlp.up_proj.weight.grad.clone()))
@@ -188,9 +191,17 @@ def test_tile_padding_shapes():
 
     ids, mask = torch.ones(2, 130, dtype=torch.long), torch.ones(2, 130, dtype=torch.bool)
     anchors, valid = torch.ones(2, 9, dtype=torch.long), torch.ones(2, 9, dtype=torch.bool)
-    taps, last, ids_p, mask_p, anchors_p, valid_p = pad_to_tiles([torch.ones(2, 130, 8)], None, ids, mask, anchors,
-                                                                 valid, block_size=16)
+    lengths = torch.tensor([130, 100])
+    taps, last, ids_p, mask_p, lengths_p, anchors_p, valid_p = pad_to_tiles(
+        [torch.ones(2, 130, 8)], None, ids, mask, lengths, anchors, valid, block_size=16)
     assert taps[0].shape == (2, 256, 8) and last is None and ids_p.shape == mask_p.shape == (2, 256)
-    assert not mask_p[:, 130:].any() and not taps[0][:, 130:].any()
+    assert not mask_p[:, 130:].any() and not taps[0][:, 130:].any() and lengths_p is lengths
     assert anchors_p.shape == (2, 16) and not valid_p[:, 9:].any()           # 16 anchors x 16 slots = 2 tiles
-    assert pad_to_tiles([], None, ids, mask, anchors, valid, block_size=32)[4].shape == (2, 12)  # 12 x 32 = 3 tiles
+    assert pad_to_tiles([], None, ids, mask, lengths, anchors, valid, block_size=32)[5].shape == (2, 12)  # 3 tiles
+    # no size of 1: at least two tiles of block queries (block 12: 32 anchors fill 3 tiles), two sequences
+    assert pad_to_tiles([], None, ids, mask, lengths, anchors[:, :3], valid[:, :3], block_size=12)[5].shape == (2, 32)
+    one = pad_to_tiles([torch.ones(1, 130, 8)], torch.ones(1, 130, 8), ids[:1], mask[:1], lengths[:1], anchors[:1, :4],
+                       valid[:1, :4], block_size=16)
+    assert [t.shape for t in one[0] + [one[1]]] == [(2, 256, 8)] * 2 and one[2].shape == one[3].shape == (2, 256)
+    assert one[4].tolist() == [130, 0] and one[5].shape == one[6].shape == (2, 16)
+    assert not one[3][1].any() and not one[6][1].any() and not one[0][0][1].any()  # the added sequence is empty

@@ -257,6 +257,11 @@ class DFlashDrafter(nn.Module):
         import torch._dynamo.config as dynamo_config
         import torch._inductor.config as inductor_config
         inductor_config.triton.coalesce_tiling_analysis = False
+        # Mix-order reduction fusion (the norms' backward) is taken only above a size (5 * 2**20 elements of a
+        # layer's input), and the choice is a guard: batches on both sides of it compiled twice (proof run 8,
+        # `576*B*Q >= 5242880`). Non-strict mode drops that size check, so one graph serves every batch size.
+        if hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):
+            inductor_config.triton.mix_order_reduction_non_strict_mode = True
         # The layers share one code object, and layer 0's input (the frozen embedding) needs no gradient, so each
         # shape regime holds two graphs: room beyond dynamo's 8, so a late shape never sends the layers to eager.
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 32)

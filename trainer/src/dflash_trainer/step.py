@@ -48,8 +48,8 @@ def drafter_micro_batch(drafter: DFlashDrafter, taps: list[torch.Tensor], target
         noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
         taps = add_uniform_noise(taps, noise_amplitude, noise_gen)
     if use_flex if tile_shapes is None else tile_shapes:  # after the noise, whose draws follow the unpadded shape
-        taps, target_last, input_ids_BT, loss_mask_BT, anchors, valid = pad_to_tiles(
-            taps, target_last, input_ids_BT, loss_mask_BT, anchors, valid, cfg.block_size)
+        taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, anchors, valid = pad_to_tiles(
+            taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, anchors, valid, cfg.block_size)
     block_ids, block_pos = block_inputs(input_ids_BT, anchors, cfg.block_size, cfg.mask_token_id)
     T = input_ids_BT.shape[1]
     mask = build_mask(anchors, valid, T, cfg.block_size, use_flex=use_flex)
@@ -62,22 +62,30 @@ def drafter_micro_batch(drafter: DFlashDrafter, taps: list[torch.Tensor], target
 FLEX_TILE = 128  # flex attention's default block size (query and key tiles)
 
 
-def pad_to_tiles(taps, target_last, input_ids_BT, loss_mask_BT, anchors_BA, valid_BA, block_size: int,
+def pad_to_tiles(taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA, block_size: int,
                  tile: int = FLEX_TILE):
     """Pads the context to a multiple of `tile` positions and the anchors to a count whose block queries
     fill whole tiles, so every batch's attention lengths are tile multiples. Compiled flex attention guards
     on whether its lengths divide the tile: batches of arbitrary lengths flipped those guards, recompiling
     the drafter layers until dynamo's recompile limit (8) and then running them eagerly (run 6 of the proof).
+    No size may be 1 either: dynamo specializes a size of 1, so a batch of one sequence, or block queries
+    filling one tile, compiled graphs of their own inside the training clock (run 8); such a batch gets an
+    empty second sequence, and the anchors fill at least two tiles.
     The padding changes nothing computed: padded context positions lie past every anchor, so no block sees
-    them, and padded anchors are invalid (no context, no loss). Costs < `tile` positions and a few anchors."""
-    T, A = input_ids_BT.shape[1], anchors_BA.shape[1]
+    them; padded anchors are invalid and padded sequences empty (no context, no loss). Costs < `tile`
+    positions and a few anchors, and a second sequence for a batch of one."""
+    (B, T), A = input_ids_BT.shape, anchors_BA.shape[1]
     pad_t = -T % tile
-    anchor_multiple = tile // math.gcd(tile, block_size)
-    pad_a = -A % anchor_multiple
-    if pad_t:
-        taps = [F.pad(t, (0, 0, 0, pad_t)) for t in taps]
-        target_last = None if target_last is None else F.pad(target_last, (0, 0, 0, pad_t))
-        input_ids_BT, loss_mask_BT = F.pad(input_ids_BT, (0, pad_t)), F.pad(loss_mask_BT, (0, pad_t))
-    if pad_a:
-        anchors_BA, valid_BA = F.pad(anchors_BA, (0, pad_a)), F.pad(valid_BA, (0, pad_a))
-    return taps, target_last, input_ids_BT, loss_mask_BT, anchors_BA, valid_BA
+    anchor_multiple = tile // math.gcd(tile, block_size)  # anchor counts whose block queries fill whole tiles
+    need_a = max(A, -(-2 * tile // block_size))  # and at least two of them
+    pad_a = -(-need_a // anchor_multiple) * anchor_multiple - A
+    pad_b = max(2 - B, 0)
+    if pad_t or pad_b:
+        taps = [F.pad(t, (0, 0, 0, pad_t, 0, pad_b)) for t in taps]
+        target_last = None if target_last is None else F.pad(target_last, (0, 0, 0, pad_t, 0, pad_b))
+        input_ids_BT, loss_mask_BT = F.pad(input_ids_BT, (0, pad_t, 0, pad_b)), F.pad(loss_mask_BT, (0, pad_t, 0, pad_b))
+    if pad_a or pad_b:
+        anchors_BA, valid_BA = F.pad(anchors_BA, (0, pad_a, 0, pad_b)), F.pad(valid_BA, (0, pad_a, 0, pad_b))
+    if pad_b:
+        lengths_B = F.pad(lengths_B, (0, pad_b))
+    return taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA
