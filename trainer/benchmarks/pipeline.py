@@ -49,6 +49,7 @@ for _path in (SRC, HERE):  # HERE: loaded by path (tests), the sibling modules a
         sys.path.insert(0, _path)
 
 from dflash_trainer import cli  # noqa: E402  (stdlib only; torch is imported in main)
+from dflash_trainer import make_tiny  # noqa: E402  (stdlib only at import, like cli)
 from matmul_peak import measure_peak  # noqa: E402  (imports torch only when called)
 
 # dflash-train's flags this benchmark hands on (declared, defaulted and checked in config.py only).
@@ -110,21 +111,12 @@ def parse_args(argv):
 
 def write_target(torch, path: str, shape: dict, device) -> dict:
     """A random Qwen3 target (tied embeddings), made on `device`, saved with save_pretrained."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config
     config = Qwen3Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
                          num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
                          head_dim=shape["head_dim"], intermediate_size=shape["intermediate"],
                          max_position_embeddings=max(shape["seq_len"] * 2, 4096), tie_word_embeddings=True)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Qwen3ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(default)
-    model.save_pretrained(path)
+    model = make_tiny.write_target(path, seed=0, config=config, device=str(device))
     params = sum(p.numel() for p in model.parameters())
     embed = model.get_input_embeddings().weight.numel()
     del model
