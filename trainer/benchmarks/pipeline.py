@@ -51,6 +51,7 @@ for _path in (SRC, HERE):  # HERE: loaded by path (tests), the sibling modules a
 from dflash_trainer import cli  # noqa: E402  (stdlib only; torch is imported in main)
 from dflash_trainer import make_tiny  # noqa: E402  (stdlib only at import, like cli)
 from matmul_peak import measure_peak  # noqa: E402  (imports torch only when called)
+from preset_args import parse_with_preset  # noqa: E402
 
 # dflash-train's flags this benchmark hands on (declared, defaulted and checked in config.py only).
 TRAIN_FLAGS = ("block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "token_budget",
@@ -94,9 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    preset = build_parser().parse_known_args(argv)[0].preset
-    args = build_parser().parse_args(PRESETS[preset]["train"] + argv)
+    args, preset = parse_with_preset(build_parser, lambda name: PRESETS[name]["train"], argv)
     spec = dict(PRESETS[preset])
     for key, attr in (("fill", "fill"), ("warmup", "warmup_steps"), ("measure", "measure"), ("timeout", "timeout")):
         if getattr(args, attr) is not None:

@@ -46,6 +46,7 @@ for path in (HERE, SRC):
 import pipeline  # noqa: E402  (read_jsonl, write_data, run_job, FLOP formulas)
 from dflash_trainer import cli  # noqa: E402  (stdlib only)
 from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
+from preset_args import parse_with_preset  # noqa: E402
 
 TRAIN_FLAGS = ("target_gpus", "drafter_gpus", "device", "target_ranks", "target_gpus_per_rank", "token_budget",
                "max_seq_len", "max_batch_size", "grad_accum", "hs_queue_depth", "hs_queue_min_ready",
@@ -187,16 +188,13 @@ def run_split(t: int, d: int, place: list[str], base: list[str], spec: dict, wor
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    preset = build_parser().parse_known_args(argv)[0].preset
-    args = build_parser().parse_args(PRESETS[preset]["train"] + argv)
+    args, preset = parse_with_preset(build_parser, lambda name: PRESETS[name]["train"], argv)
     spec = dict(PRESETS[preset], shape=dict(PRESETS[preset]["shape"]), preset=preset)
     for key, value in (("steps", args.steps), ("warmup", args.warmup_steps), ("timeout", args.timeout)):
         spec[key] = value if value is not None else spec[key]
     if args.target_layers:
         spec["shape"]["num_layers"] = args.target_layers
-    defaults = {f.name: cli.declared_default(f) for f in cli.flag_fields() if f.name in TRAIN_FLAGS}
-    train = {**defaults, **cli.train_values(args)}
+    train = cli.train_settings(args, TRAIN_FLAGS)
     import torch
     cuda = train["device"] != "cpu"
     if cuda and not torch.cuda.is_available():

@@ -31,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # the sibling modules, also when loaded by path (tests)
 from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
+from preset_args import parse_with_preset  # noqa: E402
 from pipeline import target_flop_per_token, write_target  # noqa: E402  (pipeline puts trainer/src on the path)
 from profile_parts import profile_steps  # noqa: E402
 
@@ -67,11 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv):
     """(args, shape, train): train holds the TRAIN_FLAGS values, dflash-train's defaults where not given."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    preset = build_parser().parse_known_args(argv)[0].preset
-    shape, train_argv = PRESETS[preset or "tiny-cpu"]
-    args = build_parser().parse_args(train_argv + argv)
-    shape = dict(shape)
+    args, preset = parse_with_preset(build_parser, lambda name: PRESETS[name or "tiny-cpu"][1], argv)
+    shape = dict(PRESETS[preset or "tiny-cpu"][0])
     for name in OVERRIDES:
         value = getattr(args, name.replace("-", "_"))
         if value is not None:

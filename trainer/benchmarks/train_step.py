@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, also when loaded by path
 from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
+from preset_args import parse_with_preset  # noqa: E402
 from profile_parts import PROFILE_STEPS, profile_steps  # noqa: E402
 
 from dflash_trainer import cli
@@ -86,11 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv):
     """(args, shape, train): train holds the TRAIN_FLAGS values, dflash-train's defaults where not given."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    preset = build_parser().parse_known_args(argv)[0].preset
-    shape, train_argv = PRESETS[preset or "tiny-cpu"]
-    args = build_parser().parse_args(train_argv + argv)
-    shape = dict(shape)
+    args, preset = parse_with_preset(build_parser, lambda name: PRESETS[name or "tiny-cpu"][1], argv)
+    shape = dict(PRESETS[preset or "tiny-cpu"][0])
     for key in list(shape):
         value = getattr(args, key.replace("-", "_"), None)
         if value is not None:
