@@ -5,6 +5,7 @@ Shared by train_step.py, target_forward.py and pipeline.py (torch is imported he
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 
@@ -38,3 +39,14 @@ def describe(peak: dict) -> str:
 
 # n of the measurement per device type: 8192 on the GPU (issue 15); on the CPU a size that takes a moment
 PEAK_N = {"cuda": 8192, "cpu": 512}
+
+
+def benchmark_device(requested: str, prog: str, hint: str):
+    """The device `--device` names (auto: CUDA where there is one). Asked for CUDA without it: one line on stderr
+    naming `hint`, and exit status 2."""
+    import torch
+    device = torch.device(requested if requested != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"{prog}: error: --device cuda but CUDA is not available; {hint}", file=sys.stderr)
+        raise SystemExit(2)
+    return device

@@ -30,7 +30,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # the sibling modules, also when loaded by path (tests)
-from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
+from matmul_peak import PEAK_N, benchmark_device, describe, measure_peak  # noqa: E402
 from preset_args import parse_with_preset  # noqa: E402
 from pipeline import target_flop_per_token, write_target  # noqa: E402  (pipeline puts trainer/src on the path)
 from profile_parts import profile_steps  # noqa: E402
@@ -93,12 +93,7 @@ def main(argv=None) -> int:
     import torch
     from dflash_trainer.target import FrozenTarget
 
-    device = torch.device(train["device"] if train["device"] != "auto" else
-                          ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("target_forward.py: error: --device cuda but CUDA is not available; use --preset tiny-cpu",
-              file=sys.stderr)
-        return 2
+    device = benchmark_device(train["device"], "target_forward.py", "use --preset tiny-cpu")
     try:  # dflash-train's own rule and refusal, before anything is written
         layer_ids = default_target_layer_ids(s["layers"], train["num_target_taps"])
     except ValueError:

@@ -35,7 +35,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, also when loaded by path
-from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
+from matmul_peak import PEAK_N, benchmark_device, describe, measure_peak  # noqa: E402
 from preset_args import parse_with_preset  # noqa: E402
 from profile_parts import PROFILE_STEPS, profile_steps  # noqa: E402
 
@@ -135,12 +135,7 @@ def print_result(result: dict) -> None:
 
 def main(argv=None) -> int:
     args, s, train = parse_args(argv)
-    device = torch.device(train["device"] if train["device"] != "auto" else
-                          ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("train_step.py: error: --device cuda but CUDA is not available; use --preset tiny-cpu or --device cpu",
-              file=sys.stderr)
-        return 2
+    device = benchmark_device(train["device"], "train_step.py", "use --preset tiny-cpu or --device cpu")
     peak = measure_peak(device, PEAK_N[device.type])  # before the model: its memory is given back
     print(f"peak: {describe(peak)}", flush=True)
     torch.manual_seed(0)

@@ -139,3 +139,13 @@ def test_target_forward_refuses_too_few_layers_before_writing_anything(tmp_path,
     assert target_forward.main(["--num-layers", "3", "--work-dir", str(tmp_path / "w")]) == 2
     assert "pass --num-layers 4 or more" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")
+@pytest.mark.parametrize("script", ["train_step", "target_forward"])
+def test_cuda_asked_for_without_cuda_is_one_line_and_exit_2(script, capsys):
+    bench = load_benchmark(script)
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["--preset", "tiny-cpu", "--device", "cuda"])
+    err = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and "\n" not in err and "CUDA is not available" in err and "--preset tiny-cpu" in err
