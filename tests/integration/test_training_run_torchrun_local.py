@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle, run_status
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
 from harness.waiting import wait_for
 
@@ -95,7 +95,7 @@ def test_restart_of_a_three_process_job_leaves_one_jobs_processes_and_stop_ends_
     assert [e["role"] for e in launch["job"]["layout"]] == ["target", "drafter", "drafter"]
     assert launch["checkpoints"] == str(runs_root / "out" / "checkpoints")
 
-    status = run_lifecycle.status(make_req(runs_root, tiny, state="status"))
+    status = run_status.status(make_req(runs_root, tiny, state="status"))
     assert status["alive"] is True and status["state"] == "running" and status["pid"] == agent
     assert [r["pid"] for r in status["ranks"]] == [r["pid"] for r in ranks]
     wait_for(lambda: metrics_steps(run_dir) >= 2, 120, "no optimizer step within 120 s")
@@ -127,7 +127,7 @@ def test_restart_of_a_three_process_job_leaves_one_jobs_processes_and_stop_ends_
     stopped = run_lifecycle.change(make_req(runs_root, tiny, state="stopped"))
     assert stopped["action"] == "stopped" and stopped["stopped"][0]["signal"] == "SIGTERM", stopped
     assert job_processes(run_dir) == set()
-    status = run_lifecycle.status(make_req(runs_root, tiny, state="status"))
+    status = run_status.status(make_req(runs_root, tiny, state="status"))
     assert status["alive"] is False and status["state"].startswith("not running (stopped by SIGTERM at step "), status
     assert status["state"].endswith(", checkpointed)") and not any(r["alive"] for r in status["ranks"])
 
@@ -141,7 +141,7 @@ def test_a_sigkilled_agent_leaves_no_rank_and_stop_ends_what_is_left(runs_root, 
     os.kill(res["pid"], signal.SIGKILL)
     # the ranks die with their agent (the trainer's parent-death signal), although in sessions of their own
     wait_for(lambda: not any(procfs.is_alive(p) for p in rank_pids), 10, "a rank outlived its SIGKILLed agent")
-    status = run_lifecycle.status(make_req(runs_root, tiny, state="status"))
+    status = run_status.status(make_req(runs_root, tiny, state="status"))
     assert status["alive"] is False and status["pid"] is None and not any(r["alive"] for r in status["ranks"])
     stopped = run_lifecycle.change(make_req(runs_root, tiny, state="stopped"))
     assert stopped["action"] == "none" and job_processes(run_dir) == set(), stopped

@@ -12,26 +12,24 @@ telemetry.jsonl.
 """
 
 import errno
-import json
 import os
-import re
-import signal
 import subprocess
 import time
 
 from .entry import answer
 from .file_lock import FileLock
-from .gpu_release import check_gpus_exist, nvml_snapshot, wait_for_release
-from .job_ranks import clear_rank_files, is_healthy, job_state, rank_states, slowest_rank, stop_job
-from .procfs import POLL_S, cmdline, cmdline_matches, is_alive, stop_group
+from .gpu_release import check_gpus_exist, wait_for_release
+from .job_ranks import clear_rank_files, is_healthy, rank_states, stop_job
+from .procfs import POLL_S, cmdline, cmdline_matches, stop_group
 from .run_name import validate_run_name
 from .run_paths import check_not_system_dir, check_reserved_env
+from .run_records import (EXIT_RECORD, LOG_NAME, STOP_RECORD, keep_previous, prune_records, read_json, read_pid,
+                          record, restore, unlink, write_json_atomic, write_pidfile)
 from .run_space import check_space, checkpoints_dir, last_checkpoint
+from .run_status import conflicting_runs, log_tail, own_heartbeat, run_state, status
 from .trainer_record import TrainerRefused, check_trainer
 
 LOCK_NAME = ".dflash-lifecycle.lock"
-LOG_NAME = "train.log"
-TELEMETRY_NAME = "telemetry.jsonl"  # the trainer's NVML rows (telemetry.py): {time, gpu, util_pct, mem_used_mb, ...}
 LAUNCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # unless the run's env sets PATH
 
 
@@ -43,183 +41,6 @@ class LifecycleError(Exception):
         self.facts = facts
 
 
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json_atomic(path, data):
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        _unlink(tmp)  # never a temp file left behind (a full disk fails the write, or the fsync)
-        if isinstance(exc, OSError) and exc.filename is None:
-            exc.filename = path  # a failed write or flush names no file by itself
-        raise
-
-
-def _unlink(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _read_pid(run_dir):
-    try:
-        with open(os.path.join(run_dir, "pid")) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-EXIT_RECORD = "exit.json"  # {pid, rc}: written when the lifecycle saw the launched process exit (verify)
-STOP_RECORD = "stopped.json"  # {pid, signal, waited_s, at}: written when the lifecycle stopped the run's process
-
-
-def _own_record(run_dir, name, pid):
-    rec = _read_json(os.path.join(run_dir, name))
-    return rec if isinstance(rec, dict) and pid is not None and rec.get("pid") == pid else None
-
-
-def _record(run_dir, name, data):
-    """Best effort: a record that cannot be written (full disk) must not turn a done stop into a failure."""
-    try:
-        _write_json_atomic(os.path.join(run_dir, name), data)
-    except OSError:
-        pass  # _write_json_atomic removed its temp file
-
-
-def _exit_text(rc):
-    if rc is None:
-        return "status unknown"
-    if rc < 0:
-        try:
-            return "killed by %s" % signal.Signals(-rc).name
-        except ValueError:
-            return "killed by signal %d" % -rc
-    return str(rc)
-
-
-def run_state(run_dir, pid, launch_info):
-    """One phrase for the run as an operator asks about it: running, not running (why), crashed (how)."""
-    if pid is not None:
-        return "running"
-    if launch_info is None:
-        return "not running (never launched)"
-    last = _read_pid(run_dir)
-    hb = own_heartbeat(run_dir)
-    stop = _own_record(run_dir, STOP_RECORD, last)
-    ended = _own_record(run_dir, EXIT_RECORD, last)
-    step = (hb or {}).get("step")
-    if hb and hb.get("phase") == "finished":
-        by = hb.get("stopped") or (stop or {}).get("signal")
-        if by:
-            return "not running (stopped by %s at step %s, checkpointed)" % (by, step)
-        return "not running (finished at step %s)" % step
-    if stop:
-        return "not running (stopped by %s after %ss at step %s, before the trainer checkpointed)" % (
-            stop.get("signal"), stop.get("waited_s"), step if step is not None else "?")
-    if ended:
-        return "crashed (exit %s)" % _exit_text(ended.get("rc"))
-    if hb and hb.get("phase") == "failed":
-        return "crashed (exit status not recorded; the trainer reported: %s)" % hb.get("error", "no error text")
-    if hb:
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(hb.get("updated_at", 0))))
-        return ("crashed (exit status not recorded: the process is gone; last heartbeat: phase %s, step %s, %s)"
-                % (hb.get("phase"), step, when))
-    return "crashed (exit status not recorded: the process is gone before its first heartbeat)"
-
-
-def own_heartbeat(run_dir):
-    """The heartbeat written by the run's last launched process (its pid file), else None: a heartbeat left by an
-    earlier launch says nothing about the current one."""
-    hb = _read_json(os.path.join(run_dir, "heartbeat.json"))
-    pid = _read_pid(run_dir)
-    return hb if hb is not None and pid is not None and hb.get("pid") == pid else None
-
-
-def log_tail(path, lines):
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 256 * 1024))
-            data = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return data.splitlines()[-lines:]
-
-
-def gpu_utilization(run_dir, now):
-    """The last NVML row of each GPU in the run's telemetry.jsonl (its tail only), by GPU, with its age; None
-    when the trainer wrote none (no driver, or not yet)."""
-    latest = {}
-    for line in log_tail(os.path.join(run_dir, TELEMETRY_NAME), 512):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a row cut by the tail's first byte
-        if isinstance(row, dict) and "gpu" in row and "util_pct" in row:
-            latest[row["gpu"]] = row
-    if not latest:
-        return None
-    keys = ("gpu", "rank", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "temp_c")
-    return [dict(((k, latest[g][k]) for k in keys if k in latest[g]),
-                 age_s=round(now - float(latest[g].get("time", now)), 1)) for g in sorted(latest)]
-
-
-def live_run(run_dir):
-    """(pid, launch) when the run's recorded process is alive and is the program launched, else (None, launch)."""
-    launch = _read_json(os.path.join(run_dir, "launch.json"))
-    pid = _read_pid(run_dir)
-    if launch is None or pid is None or not is_alive(pid):
-        return None, launch
-    if not cmdline_matches(cmdline(pid), launch.get("argv")):
-        return None, launch  # the pid was reused by something else
-    return pid, launch
-
-
-def run_processes(run_dir):
-    """(pid, launch, ranks, any_left): the launched process when alive and ours (a torchrun job's agent), the
-    job's registered ranks ([] for one process), and whether anything of the run is left to stop (an agent, or
-    ranks that outlived it)."""
-    pid, launch_info = live_run(run_dir)
-    ranks = rank_states(run_dir, launch_info)
-    return pid, launch_info, ranks, pid is not None or any(r["alive"] for r in ranks)
-
-
-def conflicting_runs(req):
-    """Runs with processes left that must stop before req launches: the run itself, and any run sharing a GPU.
-    Entries are (name, pid); pid is None where only ranks are left (their agent died)."""
-    found = []
-    own_pid, own_launch, _ranks, own_left = run_processes(req["run_dir"])
-    if own_left:
-        found.append((req["run"], own_pid))
-    gpus = set(req.get("gpus") or [])
-    root = req["runs_root"]
-    try:
-        names = sorted(os.listdir(root)) if gpus else []  # runs without GPUs never conflict
-    except OSError:
-        names = []
-    for name in names:
-        run_dir = os.path.join(root, name)
-        if os.path.realpath(run_dir) == os.path.realpath(req["run_dir"]):
-            continue
-        pid, launch, _ranks, left = run_processes(run_dir)
-        if left and gpus.intersection(launch.get("gpus") or []):
-            found.append((name, pid))
-    return found, own_pid, own_launch
-
-
 def lifecycle_lock(root, timeout_s):
     """One lifecycle operation per container (runs root) at a time."""
     return FileLock(os.path.join(root, LOCK_NAME), timeout_s, lambda path, t: LifecycleError(
@@ -227,87 +48,13 @@ def lifecycle_lock(root, timeout_s):
         % (path, t)), poll_s=POLL_S)
 
 
-def _unique_path(path):
-    """path, or path with .N before its extension (train.<stamp>.1.log): kept files still match train.*.log."""
-    if not os.path.exists(path):
-        return path
-    base, ext = os.path.splitext(path)
-    n = 1
-    while os.path.exists("%s.%d%s" % (base, n, ext)):
-        n += 1
-    return "%s.%d%s" % (base, n, ext)
-
-
-def _keep_previous(run_dir, now):
-    """Move the previous launch's log and launch.json aside, never overwriting anything."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
-    kept = []
-    for name, ext in ((LOG_NAME, ".log"), ("launch.json", ".json")):
-        path = os.path.join(run_dir, name)
-        if os.path.exists(path):
-            dest = _unique_path(os.path.join(run_dir, "%s.%s%s" % (name[: -len(ext)], stamp, ext)))
-            os.rename(path, dest)
-            kept.append(dest)
-    return kept
-
-
-RECORD_RE = {"train": re.compile(r"train\.(\d{8}-\d{6})(?:\.(\d+))?\.log"),
-             "launch": re.compile(r"launch\.(\d{8}-\d{6})(?:\.(\d+))?\.json")}
-
-
-def prune_records(run_dir, keep):
-    """Remove all but the newest `keep` of train.<stamp>[.N].log and of launch.<stamp>[.N].json (each kind on its
-    own); only names _keep_previous makes are touched, never a checkpoint. Returns the removed paths."""
-    try:
-        names = os.listdir(run_dir)
-    except OSError:
-        return []
-    removed = []
-    for pattern in RECORD_RE.values():
-        found = []
-        for name in names:
-            m = pattern.fullmatch(name)
-            if m:
-                found.append(((m.group(1), int(m.group(2) or 0)), name))
-        for _key, name in sorted(found, reverse=True)[keep:]:
-            path = os.path.join(run_dir, name)
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError:
-                pass
-    return removed
-
-
-def _write_pidfile(run_dir):
-    # Runs in the child after setsid(), before exec: the pid on disk is the new group leader's.
-    path = os.path.join(run_dir, "pid")
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.write(fd, ("%d\n" % os.getpid()).encode())
-    os.fsync(fd)
-    os.close(fd)
-    os.rename(tmp, path)
-
-
 def _launch_path(req):
     return str((req.get("env") or {}).get("PATH", LAUNCH_PATH))
 
 
-def _restore(kept, run_dir):
-    """Undo _keep_previous when the new launch could not even start: the previous launch stays the record."""
-    _unlink(os.path.join(run_dir, "launch.json"))  # this launch never happened
-    for path in kept:
-        name = "launch.json" if os.path.basename(path).startswith("launch.") else LOG_NAME
-        try:
-            os.rename(path, os.path.join(run_dir, name))
-        except OSError:
-            pass
-
-
 def launch(req, now):
     run_dir = req["run_dir"]
-    kept = _keep_previous(run_dir, now)
+    kept = keep_previous(run_dir, now)
     prune_records(run_dir, req["keep_records"])
     public = {
         "run": req["run"], "argv": req["argv"], "env": req.get("env") or {},
@@ -325,10 +72,10 @@ def launch(req, now):
     if public["job"]:
         clear_rank_files(public["job"]["ranks_dir"])  # the previous job is stopped: its leftover files say nothing
     try:
-        _write_json_atomic(os.path.join(run_dir, "launch.json"), public)
+        write_json_atomic(os.path.join(run_dir, "launch.json"), public)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
     except OSError as exc:
-        _restore(kept, run_dir)
+        restore(kept, run_dir)
         raise LifecycleError(_os_text(exc))
     try:
         proc = subprocess.Popen(
@@ -336,12 +83,12 @@ def launch(req, now):
             # New session: no controlling terminal, so the terminal's hangup when `pct exec -tt`
             # or the SSH session ends cannot reach it. close_fds: our stdout pipe must not leak.
             start_new_session=True, close_fds=True, env=env, cwd=req.get("cwd") or run_dir,
-            preexec_fn=lambda: _write_pidfile(run_dir),
+            preexec_fn=lambda: write_pidfile(run_dir),
         )
     except subprocess.SubprocessError as exc:  # the pid file could not be written in the child (a full disk)
-        _unlink(os.path.join(run_dir, "pid.tmp"))
-        _unlink(log_path)
-        _restore(kept, run_dir)
+        unlink(os.path.join(run_dir, "pid.tmp"))
+        unlink(log_path)
+        restore(kept, run_dir)
         raise LifecycleError("could not write %s before the trainer started (%s); is the disk full?"
                              % (os.path.join(run_dir, "pid"), exc))
     except OSError as exc:
@@ -369,17 +116,17 @@ def verify(req, proc, timings):
     hb = first_hb = None
 
     def died(rc):
-        _record(run_dir, EXIT_RECORD, {"pid": proc.pid, "rc": rc, "at": time.time()})
+        record(run_dir, EXIT_RECORD, {"pid": proc.pid, "rc": rc, "at": time.time()})
         return LifecycleError("the trainer exited with status %s right after launch; see log_tail (%s)"
                               % (rc, log_path), rc=rc, pid=proc.pid,
-                              log_tail=log_tail(log_path, req["log_tail_lines"]), heartbeat=_read_json(hb_path))
+                              log_tail=log_tail(log_path, req["log_tail_lines"]), heartbeat=read_json(hb_path))
 
     while True:
         rc = proc.poll()
         if rc is not None:
             raise died(rc)
         elapsed = time.monotonic() - start
-        hb = _read_json(hb_path)
+        hb = read_json(hb_path)
         fresh = hb is not None and hb.get("pid") == proc.pid
         if fresh and first_hb is None:
             first_hb = round(elapsed, 3)
@@ -416,7 +163,7 @@ def verify(req, proc, timings):
 
 def _job_ranks_up(req, proc, log_path):
     """The torchrun job's ranks once all of them registered, alive; None while some have not registered yet."""
-    ranks = rank_states(req["run_dir"], _read_json(os.path.join(req["run_dir"], "launch.json")))
+    ranks = rank_states(req["run_dir"], read_json(os.path.join(req["run_dir"], "launch.json")))
     dead = [r for r in ranks if not r["alive"]]
     if dead:
         raise LifecycleError("rank %d (pid %d) of the torchrun job died right after launch; see log_tail"
@@ -432,43 +179,6 @@ def _wait_exit(proc, timeout):
         return None
 
 
-def status(req):
-    run_dir = req["run_dir"]
-    pid, launch_info, ranks, _left = run_processes(run_dir)
-    healthy = is_healthy(pid, ranks)
-    hb = own_heartbeat(run_dir)
-    now = time.time()
-    out = {"run": req["run"], "run_dir": run_dir, "alive": healthy, "pid": pid,
-           "launched": launch_info is not None, "fingerprint": (launch_info or {}).get("fingerprint"),
-           "launched_at": (launch_info or {}).get("launched_at"), "heartbeat": hb,
-           "state": job_state(pid, ranks) or run_state(run_dir, pid, launch_info),
-           "ranks": ranks, "world": (launch_info or {}).get("job")}
-    if hb:
-        out["heartbeat_age_s"] = round(now - float(hb.get("updated_at", 0)), 1)
-        for key in ("phase", "step", "epoch", "loss", "tokens_per_s", "queue_depth"):
-            out[key] = hb.get(key)
-        out["slowest_rank"] = slowest_rank(hb, now)
-        if not healthy and hb.get("phase") not in ("finished", "failed"):
-            out["phase"] = "dead"
-            out["dead_since"] = hb.get("updated_at")
-    elif launch_info is not None:
-        out["phase"] = "loading" if healthy else "dead"
-    else:
-        out["phase"] = "never launched"
-    out["gpu_utilization"] = gpu_utilization(run_dir, now)
-    out["gpu_memory"] = None
-    if not req.get("gpus"):
-        out["gpu_memory_note"] = "no GPUs configured for this run"
-    else:
-        try:
-            out["gpu_memory"] = nvml_snapshot(req["gpus"])
-        except RuntimeError as exc:
-            out["gpu_memory_note"] = str(exc)
-    out["log_tail"] = log_tail(os.path.join(run_dir, LOG_NAME), req.get("status_log_lines", 0)) \
-        if req.get("status_log_lines") else []
-    return out
-
-
 def _timed(timings, name, fn, *args):
     t0 = time.monotonic()
     try:
@@ -479,7 +189,7 @@ def _timed(timings, name, fn, *args):
 
 def stop_run(run_dir, pid, timeout):
     """Stop what is left of a run: its process group, or for a torchrun job every rank and then the agent."""
-    launch_info = _read_json(os.path.join(run_dir, "launch.json"))
+    launch_info = read_json(os.path.join(run_dir, "launch.json"))
     if (launch_info or {}).get("job"):
         return stop_job(pid, run_dir, launch_info, timeout)
     return stop_group(pid, timeout)
@@ -490,11 +200,11 @@ def _stop_all(req, runs):
     for name, pid in runs:
         run_dir = _run_dir_of(req, name)
         info = stop_run(run_dir, pid, req["stop_timeout"])
-        pid = pid if pid is not None else _read_pid(run_dir)  # the agent's pid, also when it died before
+        pid = pid if pid is not None else read_pid(run_dir)  # the agent's pid, also when it died before
         info.update(run=name, pid=pid)
         stopped.append(info)
-        _record(run_dir, STOP_RECORD, {"pid": pid, "signal": info["signal"], "waited_s": info["waited_s"],
-                                       "at": time.time()})
+        record(run_dir, STOP_RECORD, {"pid": pid, "signal": info["signal"], "waited_s": info["waited_s"],
+                                      "at": time.time()})
     return stopped
 
 
@@ -629,7 +339,7 @@ def _launch_after_stop(req, result, timings):
     except LifecycleError as exc:
         raise _stopped_after_failed_verify(req, proc, exc)
     if req.get("job"):
-        result["ranks"] = rank_states(req["run_dir"], _read_json(os.path.join(req["run_dir"], "launch.json")))
+        result["ranks"] = rank_states(req["run_dir"], read_json(os.path.join(req["run_dir"], "launch.json")))
 
 
 def _os_text(exc):
@@ -645,7 +355,7 @@ def _stopped_note(req, stopped):
     parts = []
     for info in stopped:
         run_dir = _run_dir_of(req, info["run"])
-        launch_info = _read_json(os.path.join(run_dir, "launch.json")) or {}
+        launch_info = read_json(os.path.join(run_dir, "launch.json")) or {}
         ckpt = last_checkpoint(checkpoints_dir(launch_info.get("argv"), run_dir))
         parts.append("the previous run %s (pid %s) was stopped (%s) before this failure; %s" % (
             info["run"], info["pid"], info["signal"],

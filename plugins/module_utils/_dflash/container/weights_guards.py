@@ -8,7 +8,7 @@ container; stdlib only."""
 
 import os
 
-from .run_lifecycle import live_run
+from .run_status import live_run
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 GB = 1e9

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import job_ranks, procfs, run_lifecycle
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import (
+    job_ranks, procfs, run_lifecycle, run_status)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
 
 STANDIN = textwrap.dedent("""
@@ -131,22 +132,22 @@ def _launched_two_rank_job(job):
 
 def test_status_of_a_job_that_lost_a_rank_is_not_alive_and_a_restart_replaces_it(job):
     run_dir, agent, ranks, req = _launched_two_rank_job(job)
-    healthy = run_lifecycle.status(dict(req))
+    healthy = run_status.status(dict(req))
     assert healthy["alive"] is True and healthy["state"] == "running" and healthy["pid"] == agent.pid
     ranks[1].send_signal(signal.SIGKILL)
     ranks[1].wait()
-    failing = run_lifecycle.status(dict(req))
+    failing = run_status.status(dict(req))
     assert failing["alive"] is False and failing["pid"] == agent.pid
     assert failing["state"].startswith("failing (rank 1 (pid %d) gone while the torchrun agent, pid %d, lives"
                                        % (ranks[1].pid, agent.pid)), failing["state"]
-    found, _pid, _launch = run_lifecycle.conflicting_runs(req)
+    found, _pid, _launch = run_status.conflicting_runs(req)
     assert found == [("r1", agent.pid)]  # still to be stopped before a relaunch
     agent.send_signal(signal.SIGKILL)
     agent.wait()
-    orphan = run_lifecycle.status(dict(req))
+    orphan = run_status.status(dict(req))
     assert orphan["state"] == ("not running (the torchrun agent is gone but rank 0 (pid %d) is left: stop the run "
                                "to end it)" % ranks[0].pid)
-    assert run_lifecycle.conflicting_runs(req)[0] == [("r1", None)]
+    assert run_status.conflicting_runs(req)[0] == [("r1", None)]
     # state=stopped ends what is left, and records the stop against the agent's pid
     params = dict(training_backend.argument_spec().defaults(), name="r1", state="stopped", transport="local",
                   runs_root=str(run_dir.parent), lock_timeout=5, stop_timeout=5)
@@ -165,11 +166,11 @@ def test_pid_files_left_by_a_sigkilled_job_are_dead_ranks_and_nothing_fails(job)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert sorted(os.listdir(run_dir / "ranks")) == ["0.pid", "1.pid"]
-    res = run_lifecycle.status(dict(req))
+    res = run_status.status(dict(req))
     assert res["alive"] is False and res["pid"] is None
     assert [(r["rank"], r["pid"], r["alive"]) for r in res["ranks"]] == [(0, ranks[0].pid, False),
                                                                           (1, ranks[1].pid, False)]
     assert res["state"].startswith("crashed"), res["state"]  # not "failing" nor "rank ... is left"
-    assert run_lifecycle.conflicting_runs(req)[0] == []  # nothing to stop before a relaunch
+    assert run_status.conflicting_runs(req)[0] == []  # nothing to stop before a relaunch
     info = job_ranks.stop_job(None, str(run_dir), job[2], grace_s=1)
     assert info["ranks"] == [] and info["signal"] == "SIGTERM" and signals(run_dir) == []

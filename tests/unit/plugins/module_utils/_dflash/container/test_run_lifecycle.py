@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import (
+    procfs, run_lifecycle, run_records, run_status)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -311,7 +312,7 @@ def test_a_stale_heartbeat_of_an_earlier_launch_is_never_reported_as_the_run(run
     assert json.loads((runs_root / "r1" / "heartbeat.json").read_text())["pid"] == first  # left behind
     with pytest.raises(run_lifecycle.LifecycleError):
         run_lifecycle.change(make_req(runs_root, trainer_args={"interval": 0.05, "crash": 4}))
-    status = run_lifecycle.status(make_req(runs_root, state="status"))
+    status = run_status.status(make_req(runs_root, state="status"))
     assert status["phase"] == "dead" and status["heartbeat"] is None and "step" not in status
 
 
@@ -320,7 +321,7 @@ def test_kept_logs_of_the_same_second_keep_the_log_extension(runs_root):
     run_dir.mkdir(parents=True)
     taken = run_dir / "train.20261130-101500.log"
     taken.write_text("older")
-    assert run_lifecycle._unique_path(str(taken)) == str(run_dir / "train.20261130-101500.1.log")
+    assert run_records.unique_path(str(taken)) == str(run_dir / "train.20261130-101500.1.log")
 
 
 def test_wait_for_phase_that_never_comes_fails_after_phase_timeout(runs_root):
@@ -415,7 +416,7 @@ def test_main_success_prints_the_result(runs_root, capsys):
 # --- status ----------------------------------------------------------------------------------------------------
 
 def test_status_of_a_never_launched_run(runs_root):
-    st = run_lifecycle.status(make_req(runs_root, state="status", status_log_lines=5))
+    st = run_status.status(make_req(runs_root, state="status", status_log_lines=5))
     assert st["phase"] == "never launched" and st["alive"] is False and st["launched"] is False
     assert st["pid"] is None and st["heartbeat"] is None and st["fingerprint"] is None and st["log_tail"] == []
     assert st["gpu_memory"] is None and st["gpu_memory_note"] == "no GPUs configured for this run"
@@ -425,7 +426,7 @@ def test_status_of_a_never_launched_run(runs_root):
 def test_status_of_a_live_then_dead_run(runs_root):
     req = make_req(runs_root)
     pid = run_lifecycle.change(req)["pid"]
-    st = run_lifecycle.status(make_req(runs_root, state="status", status_log_lines=3))
+    st = run_status.status(make_req(runs_root, state="status", status_log_lines=3))
     assert st["alive"] is True and st["pid"] == pid and st["launched"] is True
     assert st["phase"] in ("training", "checkpointing") and st["fingerprint"] == req["fingerprint"]
     assert 0 <= st["heartbeat_age_s"] < 5 and st["heartbeat"]["pid"] == pid
@@ -433,7 +434,7 @@ def test_status_of_a_live_then_dead_run(runs_root):
     os.killpg(pid, signal.SIGKILL)  # killed without a chance to write a last heartbeat (our child: a zombie now)
     wait_dead(pid)
     hb = json.loads((runs_root / "r1" / "heartbeat.json").read_text())
-    st = run_lifecycle.status(make_req(runs_root, state="status"))
+    st = run_status.status(make_req(runs_root, state="status"))
     assert st["alive"] is False and st["pid"] is None and st["launched"] is True
     assert st["phase"] == "dead" and st["dead_since"] == hb["updated_at"]
     assert st["log_tail"] == []  # status_log_lines 0
@@ -442,7 +443,7 @@ def test_status_of_a_live_then_dead_run(runs_root):
 def test_status_of_a_cleanly_stopped_run_says_finished(runs_root):
     run_lifecycle.change(make_req(runs_root))
     run_lifecycle.change(make_req(runs_root, state="stopped"))
-    st = run_lifecycle.status(make_req(runs_root, state="status"))
+    st = run_status.status(make_req(runs_root, state="status"))
     assert st["alive"] is False and st["phase"] == "finished" and "dead_since" not in st
 
 
@@ -453,7 +454,7 @@ def test_a_reused_pid_is_not_the_run_and_is_never_stopped(runs_root):
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         (runs_root / "r1" / "pid").write_text("%d\n" % stranger.pid)  # as if the pid had been reused
-        st = run_lifecycle.status(make_req(runs_root, state="status"))
+        st = run_status.status(make_req(runs_root, state="status"))
         assert st["alive"] is False and st["phase"] == "dead"
         res = run_lifecycle.change(make_req(runs_root))
         assert res["action"] == "launched" and res["stopped"] == []
@@ -466,8 +467,8 @@ def test_a_reused_pid_is_not_the_run_and_is_never_stopped(runs_root):
 def test_log_tail_reads_the_last_lines(tmp_path):
     path = tmp_path / "train.log"
     path.write_bytes(b"".join(b"line %d\n" % i for i in range(100000)) + b"\xff\xfe last")
-    assert run_lifecycle.log_tail(str(path), 3) == ["line 99998", "line 99999", "\ufffd\ufffd last"]
-    assert run_lifecycle.log_tail(str(tmp_path / "absent.log"), 3) == []
+    assert run_status.log_tail(str(path), 3) == ["line 99998", "line 99999", "\ufffd\ufffd last"]
+    assert run_status.log_tail(str(tmp_path / "absent.log"), 3) == []
 
 
 # --- check mode creates nothing; system directories and the run directory (issue 20, item 5) -------------------
@@ -503,7 +504,7 @@ def test_reserved_env_is_refused_in_the_container_too(runs_root, capsys):
 # --- precise states in stop and status (issue 20, item 4) -------------------------------------------------------
 
 def _state(runs_root, name="r1"):
-    return run_lifecycle.status(make_req(runs_root, name=name, state="status"))["state"]
+    return run_status.status(make_req(runs_root, name=name, state="status"))["state"]
 
 
 def test_stop_and_status_of_a_run_never_launched(runs_root):
@@ -661,7 +662,7 @@ def test_a_full_disk_after_the_stop_says_the_run_was_stopped_and_where_its_check
 
     def fill_then_release():
         wait_dead(first["pid"], timeout=20)
-        record = runs / "r1" / run_lifecycle.STOP_RECORD
+        record = runs / "r1" / run_records.STOP_RECORD
         deadline = time.monotonic() + 20  # the lifecycle records its stop right after it: let it land first
         while not (record.exists() and json.loads(record.read_text() or "{}").get("pid") == first["pid"]):
             assert time.monotonic() < deadline

@@ -1,4 +1,4 @@
-"""run_lifecycle.status on a run dir whose heartbeat.json and telemetry.jsonl are written by the trainer's own writers
+"""run_status.status on a run dir whose heartbeat.json and telemetry.jsonl are written by the trainer's own writers
 (dflash_trainer.heartbeat.Heartbeat, dflash_trainer.telemetry.NvmlTelemetry): per-GPU utilization from the last
 telemetry rows, the hidden-state queue's depth, and the slowest rank from the heartbeat's `ranks`.
 
@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import job_ranks, run_lifecycle
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import job_ranks, run_status
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
 
 heartbeat = pytest.importorskip("dflash_trainer.heartbeat")
@@ -71,7 +71,7 @@ def test_status_shows_the_last_reading_of_each_gpu_the_queue_and_the_slowest_ran
         "5": {"role": "drafter", "step": 37, "items": 37, "updated_at": now - 12},
         "1": {"role": "target", "step": 10, "items": 20, "updated_at": now - 99, "done": True}})
 
-    st = run_lifecycle.status(status_req(run_dir.parent))
+    st = run_status.status(status_req(run_dir.parent))
     gpus = st["gpu_utilization"]
     assert [(g["gpu"], g["rank"], g["util_pct"]) for g in gpus] == [(0, 0, 97), (1, 5, 3)]  # the last readings
     assert gpus[1]["mem_used_mb"] == 11 * 1024 and gpus[1]["power_w"] == pytest.approx(300.001)
@@ -84,7 +84,7 @@ def test_status_shows_the_last_reading_of_each_gpu_the_queue_and_the_slowest_ran
 
 def test_status_of_one_process_without_nvml_has_no_utilization_and_no_slowest_rank(run_dir):
     write_heartbeat(run_dir, step=3)
-    st = run_lifecycle.status(status_req(run_dir.parent))
+    st = run_status.status(status_req(run_dir.parent))
     assert st["gpu_utilization"] is None and st["slowest_rank"] is None and st["queue_depth"] is None
 
 
@@ -98,7 +98,7 @@ def test_a_torn_or_foreign_telemetry_line_is_skipped(run_dir, monkeypatch):
     with open(run_dir / "telemetry.jsonl", "a") as f:
         f.write(json.dumps({"gpu": 0, "error": "Unknown Error"}) + "\n")  # a failed reading
     write_heartbeat(run_dir, step=1)
-    st = run_lifecycle.status(status_req(run_dir.parent))
+    st = run_status.status(status_req(run_dir.parent))
     assert [(g["gpu"], g["util_pct"]) for g in st["gpu_utilization"]] == [(0, 42)]
 
 

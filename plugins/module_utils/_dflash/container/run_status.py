@@ -1,0 +1,165 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, dflash.ops contributors
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+"""What a run is doing, read inside the container (stdlib only): its live processes, the runs a launch must stop
+first, and the status an operator sees (state phrase, heartbeat, ranks, GPU utilization and memory, log tail)."""
+
+import json
+import os
+import time
+
+from .gpu_release import nvml_snapshot
+from .job_ranks import is_healthy, job_state, rank_states, slowest_rank
+from .procfs import cmdline, cmdline_matches, is_alive
+from .run_records import EXIT_RECORD, LOG_NAME, STOP_RECORD, exit_text, own_record, read_json, read_pid
+
+TELEMETRY_NAME = "telemetry.jsonl"  # the trainer's NVML rows (telemetry.py): {time, gpu, util_pct, mem_used_mb, ...}
+
+
+def run_state(run_dir, pid, launch_info):
+    """One phrase for the run as an operator asks about it: running, not running (why), crashed (how)."""
+    if pid is not None:
+        return "running"
+    if launch_info is None:
+        return "not running (never launched)"
+    last = read_pid(run_dir)
+    hb = own_heartbeat(run_dir)
+    stop = own_record(run_dir, STOP_RECORD, last)
+    ended = own_record(run_dir, EXIT_RECORD, last)
+    step = (hb or {}).get("step")
+    if hb and hb.get("phase") == "finished":
+        by = hb.get("stopped") or (stop or {}).get("signal")
+        if by:
+            return "not running (stopped by %s at step %s, checkpointed)" % (by, step)
+        return "not running (finished at step %s)" % step
+    if stop:
+        return "not running (stopped by %s after %ss at step %s, before the trainer checkpointed)" % (
+            stop.get("signal"), stop.get("waited_s"), step if step is not None else "?")
+    if ended:
+        return "crashed (exit %s)" % exit_text(ended.get("rc"))
+    if hb and hb.get("phase") == "failed":
+        return "crashed (exit status not recorded; the trainer reported: %s)" % hb.get("error", "no error text")
+    if hb:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(hb.get("updated_at", 0))))
+        return ("crashed (exit status not recorded: the process is gone; last heartbeat: phase %s, step %s, %s)"
+                % (hb.get("phase"), step, when))
+    return "crashed (exit status not recorded: the process is gone before its first heartbeat)"
+
+
+def own_heartbeat(run_dir):
+    """The heartbeat written by the run's last launched process (its pid file), else None: a heartbeat left by an
+    earlier launch says nothing about the current one."""
+    hb = read_json(os.path.join(run_dir, "heartbeat.json"))
+    pid = read_pid(run_dir)
+    return hb if hb is not None and pid is not None and hb.get("pid") == pid else None
+
+
+def log_tail(path, lines):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 256 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return data.splitlines()[-lines:]
+
+
+def gpu_utilization(run_dir, now):
+    """The last NVML row of each GPU in the run's telemetry.jsonl (its tail only), by GPU, with its age; None
+    when the trainer wrote none (no driver, or not yet)."""
+    latest = {}
+    for line in log_tail(os.path.join(run_dir, TELEMETRY_NAME), 512):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a row cut by the tail's first byte
+        if isinstance(row, dict) and "gpu" in row and "util_pct" in row:
+            latest[row["gpu"]] = row
+    if not latest:
+        return None
+    keys = ("gpu", "rank", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "temp_c")
+    return [dict(((k, latest[g][k]) for k in keys if k in latest[g]),
+                 age_s=round(now - float(latest[g].get("time", now)), 1)) for g in sorted(latest)]
+
+
+def live_run(run_dir):
+    """(pid, launch) when the run's recorded process is alive and is the program launched, else (None, launch)."""
+    launch = read_json(os.path.join(run_dir, "launch.json"))
+    pid = read_pid(run_dir)
+    if launch is None or pid is None or not is_alive(pid):
+        return None, launch
+    if not cmdline_matches(cmdline(pid), launch.get("argv")):
+        return None, launch  # the pid was reused by something else
+    return pid, launch
+
+
+def run_processes(run_dir):
+    """(pid, launch, ranks, any_left): the launched process when alive and ours (a torchrun job's agent), the
+    job's registered ranks ([] for one process), and whether anything of the run is left to stop (an agent, or
+    ranks that outlived it)."""
+    pid, launch_info = live_run(run_dir)
+    ranks = rank_states(run_dir, launch_info)
+    return pid, launch_info, ranks, pid is not None or any(r["alive"] for r in ranks)
+
+
+def conflicting_runs(req):
+    """Runs with processes left that must stop before req launches: the run itself, and any run sharing a GPU.
+    Entries are (name, pid); pid is None where only ranks are left (their agent died)."""
+    found = []
+    own_pid, own_launch, _ranks, own_left = run_processes(req["run_dir"])
+    if own_left:
+        found.append((req["run"], own_pid))
+    gpus = set(req.get("gpus") or [])
+    root = req["runs_root"]
+    try:
+        names = sorted(os.listdir(root)) if gpus else []  # runs without GPUs never conflict
+    except OSError:
+        names = []
+    for name in names:
+        run_dir = os.path.join(root, name)
+        if os.path.realpath(run_dir) == os.path.realpath(req["run_dir"]):
+            continue
+        pid, launch, _ranks, left = run_processes(run_dir)
+        if left and gpus.intersection(launch.get("gpus") or []):
+            found.append((name, pid))
+    return found, own_pid, own_launch
+
+
+def status(req):
+    run_dir = req["run_dir"]
+    pid, launch_info, ranks, _left = run_processes(run_dir)
+    healthy = is_healthy(pid, ranks)
+    hb = own_heartbeat(run_dir)
+    now = time.time()
+    out = {"run": req["run"], "run_dir": run_dir, "alive": healthy, "pid": pid,
+           "launched": launch_info is not None, "fingerprint": (launch_info or {}).get("fingerprint"),
+           "launched_at": (launch_info or {}).get("launched_at"), "heartbeat": hb,
+           "state": job_state(pid, ranks) or run_state(run_dir, pid, launch_info),
+           "ranks": ranks, "world": (launch_info or {}).get("job")}
+    if hb:
+        out["heartbeat_age_s"] = round(now - float(hb.get("updated_at", 0)), 1)
+        for key in ("phase", "step", "epoch", "loss", "tokens_per_s", "queue_depth"):
+            out[key] = hb.get(key)
+        out["slowest_rank"] = slowest_rank(hb, now)
+        if not healthy and hb.get("phase") not in ("finished", "failed"):
+            out["phase"] = "dead"
+            out["dead_since"] = hb.get("updated_at")
+    elif launch_info is not None:
+        out["phase"] = "loading" if healthy else "dead"
+    else:
+        out["phase"] = "never launched"
+    out["gpu_utilization"] = gpu_utilization(run_dir, now)
+    out["gpu_memory"] = None
+    if not req.get("gpus"):
+        out["gpu_memory_note"] = "no GPUs configured for this run"
+    else:
+        try:
+            out["gpu_memory"] = nvml_snapshot(req["gpus"])
+        except RuntimeError as exc:
+            out["gpu_memory_note"] = str(exc)
+    out["log_tail"] = log_tail(os.path.join(run_dir, LOG_NAME), req.get("status_log_lines", 0)) \
+        if req.get("status_log_lines") else []
+    return out
