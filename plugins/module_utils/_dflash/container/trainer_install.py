@@ -12,8 +12,6 @@ Executed INSIDE the container (controller/trainer_install_backend.py ships it; J
 Stdlib only.
 """
 
-import fcntl
-import hashlib
 import json
 import os
 import subprocess
@@ -23,6 +21,8 @@ import zipfile
 
 from . import trainer_venvs as venvs
 from .entry import answer
+from .file_digest import sha256_file
+from .file_lock import FileLock
 from .trainer_record import RECORD_NAME
 
 STAGING_PREFIX = ".staging-"
@@ -60,14 +60,6 @@ def plan(req):
         os.makedirs(staging_dir(req), exist_ok=True)
         out["staging"] = staging_dir(req)
     return out
-
-
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _run(argv, timeout, what):
@@ -137,7 +129,7 @@ def install(req):
             wheel = os.path.join(staging, req["wheel_name"])
             if not os.path.isfile(wheel):
                 raise InstallError("the trainer wheel was not copied to %s: run this again" % wheel)
-            if _sha256(wheel) != req["wheel_sha256"]:
+            if sha256_file(wheel) != req["wheel_sha256"]:
                 raise InstallError("the copied wheel %s does not match its sha256 (a truncated copy?): run this "
                                    "again" % wheel)
             if not zipfile.is_zipfile(wheel):
@@ -169,19 +161,21 @@ def _prune(req, result, decided):
     return result
 
 
+def _install_busy(path, waited_s):
+    return InstallError("another trainer install in this container held %s for %ss; wait for it to finish (or raise "
+                        "pip_timeout)" % (path, waited_s))
+
+
 def _handle(req):
     if req["action"] == "plan":
         return plan(req)
     if req["action"] != "install":
         raise InstallError("unknown action %r" % req["action"])
     os.makedirs(req["venvs_root"], exist_ok=True)
-    # One install per container at a time (released when this process ends, also when it is killed).
-    lock = os.open(os.path.join(req["venvs_root"], LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    # One install per container at a time (released when this process ends, also when it is killed). Another
+    # install's pip is bounded by pip_timeout, so waiting that long for it says it is stuck.
+    with FileLock(os.path.join(req["venvs_root"], LOCK_NAME), req["pip_timeout"], _install_busy, poll_s=0.5):
         return install(req)
-    finally:
-        os.close(lock)
 
 
 def main(req):

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.file_digest import sha256_file
+
 # 1980-01-01, the earliest time a zip entry can carry: a constant, because file mtimes differ between a checkout
 # and an unpacked collection of the same sources.
 SOURCE_DATE_EPOCH = "315532800"
@@ -75,14 +77,6 @@ def read_version(source):
     if not match:
         raise WheelBuildError("%s/pyproject.toml has no version = \"...\" line" % source)
     return match.group(1)
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _copy_tree(source, files, dest):

@@ -174,3 +174,18 @@ def test_prunable_never_takes_a_protected_environment(tmp_path):
     assert trainer_venvs.prunable(str(root), 1, [str(root / "a")]) == [str(root / "b"), str(root / "c"),
                                                                      str(root / "d")]
     assert trainer_venvs.prunable(str(root), 3, [str(root / "d")]) == [str(root / "a")]
+
+
+def test_a_second_install_waits_for_the_first_then_says_it_is_stuck(tmp_path):
+    """One install per container: while another holds the lock, an install waits up to pip_timeout, then fails
+    with one line naming the lock, before touching anything."""
+    from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.file_lock import FileLock
+    venvs_root = tmp_path / "venvs"
+    venvs_root.mkdir()
+    req = {"action": "install", "venvs_root": str(venvs_root), "pip_timeout": 1}
+    with FileLock(str(venvs_root / trainer_install.LOCK_NAME), 1, RuntimeError):
+        with pytest.raises(trainer_install.InstallError) as refused:
+            trainer_install._handle(req)
+    msg = str(refused.value)
+    assert "another trainer install in this container held" in msg and trainer_install.LOCK_NAME in msg
+    assert "\n" not in msg and os.listdir(str(venvs_root)) == [trainer_install.LOCK_NAME]
