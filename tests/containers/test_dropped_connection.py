@@ -66,8 +66,15 @@ def drop_mid_play(env, sshd, ct, play_args, pipelining, seen):
         assert kids, "no ssh session to drop"
         os.kill(sshd.pid, signal.SIGKILL)
         sshd.proc.wait()
-        for pid in holders(env["ANSIBLE_REMOTE_TMP"]) + kids:  # ours, by pid
-            subprocess.run(["kill", "-KILL", str(pid)], check=False)
+        # Stopped first, then killed: killed one by one, a remote shell could see its module die and run the rm
+        # that follows it in the same command before its own turn came (a flaky 'no module copy left').
+        session = holders(env["ANSIBLE_REMOTE_TMP"]) + kids  # ours, by pid
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in session:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
         out, _ = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
