@@ -8,6 +8,8 @@ import math
 import sys
 import time
 
+from timing import device_sync
+
 
 def measure_peak(device, n: int) -> dict:
     """Best of ten n^3 matrix products (bf16 on CUDA; fp32 on the CPU, the dtype the CPU path trains in)."""
@@ -15,7 +17,7 @@ def measure_peak(device, n: int) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_sync(device)
     for _ in range(3):
         a @ b
     sync()

@@ -44,9 +44,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "..", "src")
-for _path in (SRC, HERE):  # HERE: loaded by path (tests), the sibling modules are still found
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+if SRC not in sys.path:
+    sys.path.insert(0, SRC)
 
 from dflash_trainer import cli  # noqa: E402  (stdlib only; torch is imported in main)
 from dflash_trainer import make_tiny  # noqa: E402  (stdlib only at import, like cli)
@@ -290,7 +289,6 @@ def target_flop_per_token(shape: dict, layer_params: int, seq_len: int) -> float
 
 def drafter_flop_per_micro_batch(torch, drafter_cfg, data_dir: str, train: dict) -> tuple[float, int]:
     """train_step.flop_estimate over one micro-batch of this data (its anchors drawn as the trainer draws them)."""
-    sys.path.insert(0, HERE)
     from train_step import flop_estimate
 
     from dflash_trainer.blocks import sample_anchors

@@ -39,9 +39,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "..", "src")
-for path in (HERE, SRC):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+if SRC not in sys.path:
+    sys.path.insert(0, SRC)
 
 import pipeline  # noqa: E402  (read_jsonl, write_data, run_job, FLOP formulas)
 from dflash_trainer import cli  # noqa: E402  (stdlib only)

@@ -28,15 +28,14 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # the sibling modules, also when loaded by path (tests)
-from matmul_peak import PEAK_N, benchmark_device, describe, measure_peak  # noqa: E402
-from preset_args import parse_with_preset  # noqa: E402
-from pipeline import target_flop_per_token, write_target  # noqa: E402  (pipeline puts trainer/src on the path)
-from profile_parts import profile_steps  # noqa: E402
+from matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
+from preset_args import parse_with_preset
+from pipeline import target_flop_per_token, write_target  # pipeline puts trainer/src on the path
+from profile_parts import profile_steps
+from timing import device_sync, timed_calls
 
-from dflash_trainer import cli  # noqa: E402
-from dflash_trainer.config import default_target_layer_ids  # noqa: E402
+from dflash_trainer import cli
+from dflash_trainer.config import default_target_layer_ids
 
 # dflash-train's flags this benchmark takes (declared, defaulted and checked in config.py only).
 TRAIN_FLAGS = ("device", "num_target_taps", "use_soft_labels")
@@ -118,20 +117,7 @@ def main(argv=None) -> int:
 
     B, T = s["batch"], s["seq_len"]
     input_ids = torch.randint(0, s["vocab"] - 1, (B, T), generator=torch.Generator().manual_seed(0))
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(s["warmup"]):
-        target(input_ids)
-    sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(s["steps"]):
-        sync()
-        t0 = time.perf_counter()
-        taps, last = target(input_ids)
-        sync()
-        times.append(time.perf_counter() - t0)
-    times.sort()
+    times, (taps, last), _warm_s = timed_calls(lambda _i: target(input_ids), s["warmup"], s["steps"], device)
     median = times[len(times) // 2]
     flop = forward_flop(s, made["layer_params"])
     tflops = flop["total"] / median / 1e12
@@ -161,7 +147,7 @@ def main(argv=None) -> int:
         print(f"{k:<{width}}  {v}")
     if args.profile:
         part_flop = {"linears": flop["layers"], "attention": flop["attention"]}
-        result["profile"] = profile_steps(lambda i: target(input_ids), sync, device.type, part_flop)
+        result["profile"] = profile_steps(lambda i: target(input_ids), device_sync(device), device.type, part_flop)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -30,14 +30,13 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, also when loaded by path
-from matmul_peak import PEAK_N, benchmark_device, describe, measure_peak  # noqa: E402
-from preset_args import parse_with_preset  # noqa: E402
-from profile_parts import PROFILE_STEPS, profile_steps  # noqa: E402
+from matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
+from preset_args import parse_with_preset
+from profile_parts import PROFILE_STEPS, profile_steps
+from timing import device_sync, timed_calls
 
 from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
@@ -198,26 +197,12 @@ def main(argv=None) -> int:
             print(f"agreement {label}: loss eager {l_e:.6f} default {l_c:.6f}, "
                   f"|grad diff|/|grad| {agreement[label]['grad_rel_diff']:.2e}")
 
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     anchors, valid = sample_anchors(loss_mask, train["max_anchors"], torch.Generator().manual_seed(0))
     results, reference = [], None
     for variant in variants:
         state["variant"] = variant
-        t_warm = time.perf_counter()
-        for i in range(s["warmup"]):  # compile flex_attention / create_block_mask / the head loss, allocator
-            step(i)
-        sync()
-        warm_s = time.perf_counter() - t_warm
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        for i in range(s["steps"]):
-            sync()
-            t0 = time.perf_counter()
-            out = step(s["warmup"] + i)
-            sync()
-            times.append(time.perf_counter() - t0)
-        times.sort()
+        # the warm-up compiles flex_attention, create_block_mask and the head loss, and sizes the allocator
+        times, out, warm_s = timed_calls(step, s["warmup"], s["steps"], device)
         median = times[len(times) // 2]
         reference = reference or median
         flops = flop_estimate(cfg, T, anchors, valid, out.num_rows)
@@ -245,7 +230,7 @@ def main(argv=None) -> int:
                   f"{r['ratio_to_first']:8.3f} {r['achieved_tflops']:8.1f} {r['warmup_s']:9.1f}")
     if args.profile:
         part_flop = {"linears": flops["layers"], "attention": flops["attention"], "head + loss": flops["head"]}
-        results[-1]["profile"] = profile_steps(lambda i: step(10_000 + i), sync, device.type, part_flop)
+        results[-1]["profile"] = profile_steps(lambda i: step(10_000 + i), device_sync(device), device.type, part_flop)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results[0] if len(results) == 1 else results, f, indent=2)

@@ -18,7 +18,10 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ben
 
 
 def load_benchmark(name):
-    """A trainer/benchmarks script as a module (that folder is not a package)."""
+    """A trainer/benchmarks script as a module (that folder is not a package). Its folder goes on sys.path, as
+    Python puts it there for the script when run, so that the sibling modules it imports are found."""
+    if BENCHMARKS not in sys.path:
+        sys.path.insert(0, BENCHMARKS)
     spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
