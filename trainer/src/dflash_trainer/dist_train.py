@@ -431,6 +431,11 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
                                           gamma=cfg.gamma, noise_amplitude=0.0, seed=derived_seed(cfg.seed, s, -1),
                                           head_chunk_size=cfg.head_chunk_size)
                 (out.loss * 0.0).backward()
+        # The host waits here for the queued forward/backward (CUDA runs it asynchronously): that wait counts as
+        # drafter_fwd_bwd, as in one process (train.py), not as the optimizer's time.
+        t_wait = time.perf_counter()
+        loss_host = float(loss_sum)
+        progress.add("drafter_fwd_bwd", time.perf_counter() - t_wait)
         t_opt = time.perf_counter()
         if by_hand:
             for p in trainable:
@@ -440,9 +445,10 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
                 p.grad /= D
         grad_norm = parallel.clip_grad_norm(trainable, cfg.grad_clip)
         local_stop = stop.is_set() or world.store.check([STOP_REQUESTED])
-        # the one host sync per optimizer step (CPU tensor: gloo, also in a cpu:gloo,cuda:nccl group); it carries
-        # the first drafter's clock reading (the others add 0), so every drafter holds the same training time
-        stats = torch.tensor([float(loss_sum), len(my_slots), tokens, float(local_stop),
+        # one all-reduce of host values per optimizer step (CPU tensor: gloo, also in a cpu:gloo,cuda:nccl group);
+        # it carries the first drafter's clock reading (the others add 0), so every drafter holds the same
+        # training time
+        stats = torch.tensor([loss_host, len(my_slots), tokens, float(local_stop),
                               clock() - t_clock if leader else 0.0, sum(len(x.indices) for x in my_slots)]
                              + correct.tolist() + count.tolist(), dtype=torch.float64)
         dist.all_reduce(stats, group=world.drafter_group)

@@ -83,7 +83,8 @@ def pad_to_tiles(taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, ancho
     if pad_t or pad_b:
         taps = [F.pad(t, (0, 0, 0, pad_t, 0, pad_b)) for t in taps]
         target_last = None if target_last is None else F.pad(target_last, (0, 0, 0, pad_t, 0, pad_b))
-        input_ids_BT, loss_mask_BT = F.pad(input_ids_BT, (0, pad_t, 0, pad_b)), F.pad(loss_mask_BT, (0, pad_t, 0, pad_b))
+        input_ids_BT = F.pad(input_ids_BT, (0, pad_t, 0, pad_b))
+        loss_mask_BT = F.pad(loss_mask_BT, (0, pad_t, 0, pad_b))
     if pad_a or pad_b:
         anchors_BA, valid_BA = F.pad(anchors_BA, (0, pad_a, 0, pad_b)), F.pad(valid_BA, (0, pad_a, 0, pad_b))
     if pad_b:

@@ -27,8 +27,8 @@ from dflash_trainer.export import drafter_config_from_export
 from dflash_trainer.heartbeat import Heartbeat
 from dflash_trainer.loss import acceptance_proxy
 from dflash_trainer.schedule import Schedule
-from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.optimizer import drafter_adamw
+from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, Profiler
 from dflash_trainer.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
 from dflash_trainer.wandb_log import WandbLog, check_available
