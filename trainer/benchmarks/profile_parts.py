@@ -64,14 +64,9 @@ def _ancestors(event) -> tuple[str, ...]:
 def profiler_items(prof, device_type: str) -> list[tuple[str, tuple[str, ...], float]]:
     """The timed items of a finished torch.profiler.profile: GPU kernels on CUDA, CPU ops' self time otherwise."""
     events = prof.events()
-    if device_type == "cuda":
-        launchers = {e.id: e for e in events if e.device_type.name == "CPU" and e.linked_correlation_id == 0}
-        items = []
-        for e in events:
-            if e.device_type.name == "CUDA":
-                launcher = launchers.get(e.linked_correlation_id)
-                items.append((e.name, _ancestors(launcher) if launcher else (), e.time_range.elapsed_us() / 1e6))
-        return items
+    if device_type == "cuda":  # each CPU op's kernels (the profiler links them by correlation id)
+        return [(k.name, _ancestors(e), k.duration / 1e6)
+                for e in events if e.device_type.name == "CPU" and not e.is_async for k in e.kernels]
     return [(e.name, _ancestors(e.cpu_parent), e.self_cpu_time_total / 1e6)
             for e in events if e.device_type.name == "CPU" and not e.is_async]
 

@@ -162,8 +162,7 @@ def test_split_fc_is_identical():
 @pytest.mark.parametrize("lengths, max_anchors", [([45, 30, 17], 11), ([45], 3)])
 def test_tile_padding_leaves_the_loss_unchanged(lengths, max_anchors):
     """step.pad_to_tiles (on CUDA by default, for flex attention's fixed tiles) pads the context and the anchors
-    (and a batch of one with an empty sequence); no block may see the padding and padded anchors and sequences
-    carry no loss, so loss and gradients equal the unpadded ones."""
+    (a batch of one stays one); no block may see the padding and padded anchors carry no loss, so loss and gradients equal the unpadded ones."""
     from dflash_trainer.step import drafter_micro_batch
 
     torch.manual_seed(0)
@@ -198,10 +197,9 @@ def test_tile_padding_shapes():
     assert not mask_p[:, 130:].any() and not taps[0][:, 130:].any() and lengths_p is lengths
     assert anchors_p.shape == (2, 16) and not valid_p[:, 9:].any()           # 16 anchors x 16 slots = 2 tiles
     assert pad_to_tiles([], None, ids, mask, lengths, anchors, valid, block_size=32)[5].shape == (2, 12)  # 3 tiles
-    # no size of 1: at least two tiles of block queries (block 12: 32 anchors fill 3 tiles), two sequences
+    # no size of 1 in the block queries: at least two tiles (block 12: 32 anchors fill 3 tiles)
     assert pad_to_tiles([], None, ids, mask, lengths, anchors[:, :3], valid[:, :3], block_size=12)[5].shape == (2, 32)
     one = pad_to_tiles([torch.ones(1, 130, 8)], torch.ones(1, 130, 8), ids[:1], mask[:1], lengths[:1], anchors[:1, :4],
                        valid[:1, :4], block_size=16)
-    assert [t.shape for t in one[0] + [one[1]]] == [(2, 256, 8)] * 2 and one[2].shape == one[3].shape == (2, 256)
-    assert one[4].tolist() == [130, 0] and one[5].shape == one[6].shape == (2, 16)
-    assert not one[3][1].any() and not one[6][1].any() and not one[0][0][1].any()  # the added sequence is empty
+    assert [t.shape for t in one[0] + [one[1]]] == [(1, 256, 8)] * 2 and one[2].shape == one[3].shape == (1, 256)
+    assert one[4].tolist() == [130] and one[5].shape == one[6].shape == (1, 16)  # a batch of one stays one

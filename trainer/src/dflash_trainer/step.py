@@ -68,25 +68,22 @@ def pad_to_tiles(taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, ancho
     fill whole tiles, so every batch's attention lengths are tile multiples. Compiled flex attention guards
     on whether its lengths divide the tile: batches of arbitrary lengths flipped those guards, recompiling
     the drafter layers until dynamo's recompile limit (8) and then running them eagerly (run 6 of the proof).
-    No size may be 1 either: dynamo specializes a size of 1, so a batch of one sequence, or block queries
-    filling one tile, compiled graphs of their own inside the training clock (run 8); such a batch gets an
-    empty second sequence, and the anchors fill at least two tiles.
+    The block queries fill at least two tiles: dynamo specializes a size of 1, and block queries filling one
+    tile compiled graphs of their own inside the training clock (run 8). A batch of one sequence is left as it
+    is (an empty second sequence doubled its work: 1,224 -> 1,739 ms and 75 -> 111 GB per step at the seed's
+    shape); its graph is compiled by the compile warm-up, whose batches include the plan's fewest sequences.
     The padding changes nothing computed: padded context positions lie past every anchor, so no block sees
-    them; padded anchors are invalid and padded sequences empty (no context, no loss). Costs < `tile`
-    positions and a few anchors, and a second sequence for a batch of one."""
-    (B, T), A = input_ids_BT.shape, anchors_BA.shape[1]
+    them, and padded anchors are invalid (no loss). Costs < `tile` positions and a few anchors."""
+    T, A = input_ids_BT.shape[1], anchors_BA.shape[1]
     pad_t = -T % tile
     anchor_multiple = tile // math.gcd(tile, block_size)  # anchor counts whose block queries fill whole tiles
     need_a = max(A, -(-2 * tile // block_size))  # and at least two of them
     pad_a = -(-need_a // anchor_multiple) * anchor_multiple - A
-    pad_b = max(2 - B, 0)
-    if pad_t or pad_b:
-        taps = [F.pad(t, (0, 0, 0, pad_t, 0, pad_b)) for t in taps]
-        target_last = None if target_last is None else F.pad(target_last, (0, 0, 0, pad_t, 0, pad_b))
-        input_ids_BT = F.pad(input_ids_BT, (0, pad_t, 0, pad_b))
-        loss_mask_BT = F.pad(loss_mask_BT, (0, pad_t, 0, pad_b))
-    if pad_a or pad_b:
-        anchors_BA, valid_BA = F.pad(anchors_BA, (0, pad_a, 0, pad_b)), F.pad(valid_BA, (0, pad_a, 0, pad_b))
-    if pad_b:
-        lengths_B = F.pad(lengths_B, (0, pad_b))
+    if pad_t:
+        taps = [F.pad(t, (0, 0, 0, pad_t)) for t in taps]
+        target_last = None if target_last is None else F.pad(target_last, (0, 0, 0, pad_t))
+        input_ids_BT = F.pad(input_ids_BT, (0, pad_t))
+        loss_mask_BT = F.pad(loss_mask_BT, (0, pad_t))
+    if pad_a:
+        anchors_BA, valid_BA = F.pad(anchors_BA, (0, pad_a)), F.pad(valid_BA, (0, pad_a))
     return taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA
