@@ -35,7 +35,7 @@ from profile_parts import profile_steps
 from timing import device_sync, timed_calls
 
 from dflash_trainer import cli
-from dflash_trainer.config import default_target_layer_ids
+from dflash_trainer.config import declared_default, default_target_layer_ids, env_fields
 
 # dflash-train's flags this benchmark takes (declared, defaulted and checked in config.py only).
 TRAIN_FLAGS = ("device", "num_target_taps", "use_soft_labels")
@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in OVERRIDES:
         g.add_argument(f"--{name}", type=int, default=None)
     p.add_argument("--profile", action="store_true", help="after timing, profile a few forwards: time per part")
+    p.add_argument("--target-layers", choices=["default", "eager", "both"], default="default",
+                   help="default: as dflash-train runs the target (decoder layers compiled on CUDA unless "
+                        "DFLASH_EAGER_TARGET=1); both: eager, then compiled, same process and weights")
     p.add_argument("--work-dir", default=None, help="where the random target is written (default: a temporary "
                                                     "dir, removed once loaded)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -117,34 +120,32 @@ def main(argv=None) -> int:
 
     B, T = s["batch"], s["seq_len"]
     input_ids = torch.randint(0, s["vocab"] - 1, (B, T), generator=torch.Generator().manual_seed(0))
-    times, (taps, last), _warm_s = timed_calls(lambda _i: target(input_ids), s["warmup"], s["steps"], device)
-    median = times[len(times) // 2]
     flop = forward_flop(s, made["layer_params"])
-    tflops = flop["total"] / median / 1e12
-    result = {"shape": s, "train_flags": train, "target_layer_ids": layer_ids, "layer_params": made["layer_params"],
-              "device": peak["device"], "dtype": str(target.model.dtype).replace("torch.", ""),
-              "attention": getattr(target.config, "_attn_implementation", None),
-              "taps": [list(t.shape) for t in taps], "last_hidden": None if last is None else list(last.shape),
-              "forward_s_median": median, "forward_s_all": times, "tokens_per_s": B * T / median,
-              "tflop_per_forward": {k: v / 1e12 for k, v in flop.items()}, "achieved_tflops": tflops,
-              "peak": peak, "peak_tflops": peak["tflops"], "ratio_to_peak": tflops / peak["tflops"]}
-    if device.type == "cuda":
-        result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-    rows = [("device", f"{result['device']}, {result['dtype']}, attention {result['attention']}"),
-            ("shape", f"hidden {s['hidden']} layers {s['layers']} heads {s['heads']}x{s['head_dim']} kv "
-                      f"{s['kv_heads']} MLP {s['intermediate']} seq {T} batch {B}"),
-            ("forward (median)", f"{median * 1e3:.1f} ms of {len(times)}, {len(taps)} taps"),
-            ("tokens/s", f"{B * T / median:.1f}"),
-            ("TFLOP/forward", f"{flop['total'] / 1e12:.4g} (layers {flop['layers'] / 1e12:.4g}, attention "
-                              f"{flop['attention'] / 1e12:.4g})"),
-            ("achieved TFLOP/s", f"{tflops:.4g}"),
-            ("measured peak", describe(peak)),
-            ("share of measured peak", f"{result['ratio_to_peak']:.4g}")]
-    if "max_memory_gb" in result:
-        rows.append(("peak memory", f"{result['max_memory_gb']:.1f} GB"))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    knob = next(f for f in env_fields() if f.name == "compile_target")
+    compiled_by_default = cli.env_values().get("compile_target", declared_default(knob))
+    variants = {"both": [False, True], "eager": [False], "default": [compiled_by_default]}[args.target_layers]
+    results = []
+    for compiled in variants:
+        how = target.compile_layers() if compiled else "eager"  # as dflash-train does (eager off CUDA)
+        times, (taps, last), warm_s = timed_calls(lambda _i: target(input_ids), s["warmup"], s["steps"], device)
+        median = times[len(times) // 2]
+        tflops = flop["total"] / median / 1e12
+        result = {"shape": s, "train_flags": train, "target_layer_ids": layer_ids,
+                  "layer_params": made["layer_params"], "device": peak["device"],
+                  "dtype": str(target.model.dtype).replace("torch.", ""),
+                  "attention": getattr(target.config, "_attn_implementation", None),
+                  "layers": how, "warmup_s": warm_s,
+                  "taps": [list(t.shape) for t in taps], "last_hidden": None if last is None else list(last.shape),
+                  "forward_s_median": median, "forward_s_all": times, "tokens_per_s": B * T / median,
+                  "tflop_per_forward": {k: v / 1e12 for k, v in flop.items()}, "achieved_tflops": tflops,
+                  "peak": peak, "peak_tflops": peak["tflops"], "ratio_to_peak": tflops / peak["tflops"]}
+        if device.type == "cuda":
+            result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        print_result(result, B, T)
+        results.append(result)
+    if len(results) == 2 and results[1]["layers"].startswith("compiled"):
+        print(f"compiled / eager forward time: {results[1]['forward_s_median'] / results[0]['forward_s_median']:.3f}")
+    result = {**results[-1], "variants": results}
     if args.profile:
         part_flop = {"linears": flop["layers"], "attention": flop["attention"]}
         result["profile"] = profile_steps(lambda i: target(input_ids), device_sync(device), device.type, part_flop)
@@ -153,6 +154,26 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return 0
+
+
+def print_result(result: dict, B: int, T: int) -> None:
+    s, flop = result["shape"], result["tflop_per_forward"]
+    rows = [("device", f"{result['device']}, {result['dtype']}, attention {result['attention']}"),
+            ("shape", f"hidden {s['hidden']} layers {s['layers']} heads {s['heads']}x{s['head_dim']} kv "
+                      f"{s['kv_heads']} MLP {s['intermediate']} seq {T} batch {B}"),
+            ("decoder layers", f"{result['layers']} (warm-up {result['warmup_s']:.1f} s)"),
+            ("forward (median)", f"{result['forward_s_median'] * 1e3:.1f} ms of {len(result['forward_s_all'])}, "
+                                 f"{len(result['taps'])} taps"),
+            ("tokens/s", f"{result['tokens_per_s']:.1f}"),
+            ("TFLOP/forward", f"{flop['total']:.4g} (layers {flop['layers']:.4g}, attention {flop['attention']:.4g})"),
+            ("achieved TFLOP/s", f"{result['achieved_tflops']:.4g}"),
+            ("measured peak", describe(result["peak"])),
+            ("share of measured peak", f"{result['ratio_to_peak']:.4g}")]
+    if "max_memory_gb" in result:
+        rows.append(("peak memory", f"{result['max_memory_gb']:.1f} GB"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,8 @@ def print_result(result: dict) -> None:
             ("measured peak", describe(result["peak"])),
             ("share of measured peak", f"{result['ratio_to_peak']:.4g}")]
     if "max_memory_gb" in result:
-        rows.append(("peak memory", f"{result['max_memory_gb']:.1f} GB"))
+        rows.append(("peak memory", f"{result['max_memory_gb']:.1f} GB ({result['resting_memory_gb']:.1f} GB between "
+                                    f"steps: weights, optimizer state, frozen tables)"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
@@ -221,6 +222,8 @@ def main(argv=None) -> int:
                   "loss": float(out.loss.detach()), "block_tokens_per_s": B * anchors.shape[1] * train["block_size"] / median}
         if device.type == "cuda":
             result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+            # between steps: weights, optimizer state, frozen tables (no gradients, no activations)
+            result["resting_memory_gb"] = torch.cuda.memory_allocated(device) / 1e9
         results.append(result)
         print_result(result)
     if len(results) > 1:

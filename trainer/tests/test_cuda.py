@@ -30,6 +30,30 @@ def test_flex_matches_dense_on_cuda():
     assert torch.allclose(dense, flex, atol=2e-3, rtol=2e-3), (dense - flex).abs().max()
 
 
+def test_tuned_flex_tiles_match_dense_attention_forward_and_backward_on_cuda():
+    """head_dim 256 takes drafter.FLEX_KERNEL_OPTIONS on Hopper (tiles chosen for speed by
+    benchmarks/attention_kernels.py): output and q/k/v gradients equal dense SDPA's on the same mask (fp32)."""
+    from dflash_trainer.drafter import attend, flex_kernel_options
+    g = torch.Generator(device="cuda").manual_seed(0)
+    T, S, A = 512, 32, 16
+    anchors = torch.sort(torch.randperm(T - 1, device="cuda", generator=g)[:A]).values[None]
+    valid = torch.ones_like(anchors, dtype=torch.bool)
+    q = torch.randn(1, 8, A * S, 256, device="cuda", generator=g)
+    k, v = (torch.randn(1, 2, T + A * S, 256, device="cuda", generator=g) for _ in range(2))
+    grad = torch.randn_like(q)
+    results = []
+    for mask, dtype in ((flex_block_mask(anchors, valid, T, S), torch.bfloat16),
+                        (dense_block_mask(anchors, valid, T, S), torch.float32)):
+        leaves = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+        out = attend(*leaves, mask)
+        out.backward(grad.to(dtype))
+        results.append([out.float()] + [t.grad.float() for t in leaves])
+    print("kernel options:", flex_kernel_options(256))
+    for name, flex, dense in zip(("out", "dq", "dk", "dv"), *results):
+        error = ((flex - dense).abs().max() / dense.abs().max()).item()  # bf16 against fp32
+        assert error < 2e-2, (name, error)
+
+
 def test_train_on_one_gpu(tiny, tmp_path):
     cmd = train_cmd(tiny, tmp_path / "out", "--max-steps", "6", "--checkpoint-interval", "3")
     cmd[cmd.index("--target-gpus") + 1] = "0"
@@ -37,6 +61,7 @@ def test_train_on_one_gpu(tiny, tmp_path):
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert read_heartbeat(tmp_path / "out")["phase"] == "finished"
+    assert "target layers: compiled (" in result.stdout + result.stderr  # the default on CUDA (issue 15)
     bad = subprocess.run(train_cmd(tiny, tmp_path / "bad", "--target-gpus", "99"), capture_output=True, text=True)
     assert bad.returncode == 2 and "do not exist" in bad.stderr
 
@@ -137,8 +162,11 @@ def test_overlapped_transfers_give_the_losses_of_unoverlapped_ones_on_cuda(tiny,
                         "--hs-queue-min-ready", "2", *(["--hs-sync-transfers"] if sync else []))
         cmd[cmd.index("--target-gpus") + 1], cmd[cmd.index("--drafter-gpus") + 1] = gpus
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *cmd[1:]]
+        # eager drafter layers and target: the comparison is of the transports. It failed on the H200 once the
+        # target was compiled by default (output not kept); a guess: compiled kernels pick reduction tiles by
+        # timing them, so two runs may round differently
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                                env=dict(os.environ, DFLASH_EAGER_LAYERS="1"))
+                                env=dict(os.environ, DFLASH_EAGER_LAYERS="1", DFLASH_EAGER_TARGET="1"))
         log = result.stdout + result.stderr
         assert result.returncode == 0, log[-4000:]
         assert f"({transport} transport)" in log, log[-4000:]

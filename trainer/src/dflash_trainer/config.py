@@ -267,6 +267,9 @@ class TrainConfig:
     compile_layers: bool = env_knob(True, env="DFLASH_EAGER_LAYERS", parse=parse_inverted_switch,
                                     help="1 keeps the drafter layers eager on CUDA (0: compiled), the way out if "
                                          "torch.compile fails on this machine's torch")
+    compile_target: bool = env_knob(True, env="DFLASH_EAGER_TARGET", parse=parse_inverted_switch,
+                                    help="1 keeps the target's decoder layers eager on CUDA (0: compiled when the "
+                                         "target sits on one GPU)")
     eager_head_loss: bool = env_knob(False, env="DFLASH_EAGER_HEAD_LOSS", parse=parse_switch,
                                      help="1 runs the head loss eagerly (0: compiled on CUDA); loss.py reads the "
                                           "variable at each call")

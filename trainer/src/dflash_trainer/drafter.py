@@ -163,17 +163,39 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-    """mask: a boolean [B, 1, Q, T+Q] tensor (eager SDPA, CPU and tests) or a flex BlockMask (CUDA)."""
+# Flex attention's kernel options by (compute capability, head_dim), measured by benchmarks/attention_kernels.py at
+# the seed's shape on an H200: torch's own tiles for head_dim 256 ran the forward at 290 and the backward at 97
+# TFLOP/s (a third of the drafter step); 128-query forward tiles with 8 warps reach 436, 8 warps in the backward
+# 146 (other tiles: slower, or past the 227 KB of shared memory; TMA in the forward was faster alone, not in the
+# whole step). Elsewhere torch's own choice.
+FLEX_KERNEL_OPTIONS: dict[tuple[tuple[int, int], int], dict] = {
+    ((9, 0), 256): {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 64, "fwd_num_warps": 8, "fwd_num_stages": 2,
+                    "bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64,
+                    "bwd_num_warps": 8, "bwd_num_stages": 2},
+}
+
+
+def flex_kernel_options(head_dim: int) -> dict | None:
+    if not torch.cuda.is_available():
+        return None
+    return FLEX_KERNEL_OPTIONS.get((torch.cuda.get_device_capability(), head_dim))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, kernel_options: dict | None = None
+           ) -> torch.Tensor:
+    """mask: a boolean [B, 1, Q, T+Q] tensor (eager SDPA, CPU and tests) or a flex BlockMask (CUDA).
+    kernel_options: flex attention's (default: flex_kernel_options for this GPU and head_dim)."""
     if isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    if kernel_options is None:
+        kernel_options = flex_kernel_options(q.shape[-1])
     if torch.compiler.is_compiling():  # inside a compiled layer: dynamo fuses the raw op itself
         from torch.nn.attention.flex_attention import flex_attention
-        return flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+        return flex_attention(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=kernel_options)
     # imported by name: the export ships a copy of this file for trust_remote_code, and transformers refuses a
     # remote file whose `import` lines name a package (the trainer) that the loading machine may lack
     blocks = importlib.import_module("dflash_trainer.blocks")
-    return blocks.compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True)
+    return blocks.compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=kernel_options)
 
 
 class DFlashAttention(nn.Module):

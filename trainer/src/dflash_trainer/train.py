@@ -159,6 +159,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     # the drafter's initial weights depend on --seed only, as on a drafter rank, which never loads the target.
     with torch.random.fork_rng(devices=[]):
         target = FrozenTarget(cfg.target_model, target_device, layer_ids, need_last_hidden=cfg.use_soft_labels)
+    log("target layers: " + (target.compile_layers() if cfg.compile_target else "eager (DFLASH_EAGER_TARGET=1)"))
     drafter = training_drafter(drafter_cfg, target, drafter_device, cfg.compile_layers)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = drafter_adamw(trainable, cfg.lr, cfg.weight_decay, drafter_device)
