@@ -41,6 +41,7 @@ from timing import device_sync, timed_calls
 from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.float8 import float8_layers
 from dflash_trainer.optimizer import drafter_adamw
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 
@@ -114,7 +115,8 @@ def print_result(result: dict) -> None:
     s, flops = result["shape"], result["tflop_per_step"]
     median, tflops = result["step_s_median"], result["achieved_tflops"]
     rows = [("device", result["device"]),
-            ("variant", f"{result['labels']} labels, {result['head_loss']} head loss"),
+            ("variant", f"{result['labels']} labels, {result['head_loss']} head loss, "
+                        f"{'FP8 (DFLASH_FP8_LAYERS=1)' if result['fp8_layers'] else 'bf16'} layer linears"),
             ("shape", f"hidden {s['hidden']} layers {s['num_draft_layers']} block {s['block_size']} anchors "
                       f"{s['max_anchors']} vocab {s['vocab']} seq {s['seq_len']} batch {s['batch']}"),
             ("trainable params", f"{result['trainable_params'] / 1e6:.1f} M"),
@@ -150,6 +152,9 @@ def main(argv=None) -> int:
         drafter = DFlashDrafter(cfg)
     drafter.embed_tokens.to(frozen_dtype)
     drafter.lm_head.to(frozen_dtype)
+    fp8 = cli.env_values().get("fp8_layers", False)  # dflash-train's DFLASH_FP8_LAYERS, applied as it applies it
+    if fp8:
+        float8_layers(drafter)
     if device.type == "cuda" and not args.no_compile:
         drafter.compile_layers()
     trainable = [p for p in drafter.parameters() if p.requires_grad]
@@ -211,7 +216,8 @@ def main(argv=None) -> int:
             flops["head"] = flops["head"] * 3 // 2   # + the target distribution's head matmul
             flops["total"] = flops["layers"] + flops["attention"] + flops["head"]
         tflops = flops["total"] / median / 1e12
-        result = {"labels": variant[0], "head_loss": variant[1], "shape": {**s, **train}, "warmup_s": warm_s,
+        result = {"labels": variant[0], "head_loss": variant[1], "fp8_layers": fp8, "shape": {**s, **train},
+                  "warmup_s": warm_s,
                   "agreement_with_eager": agreement.get(variant[0]),
                   "compiled_layers": device.type == "cuda" and not args.no_compile,
                   "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import importlib.util
 import json
 import os
 from dataclasses import MISSING, dataclass, field
@@ -267,6 +268,10 @@ class TrainConfig:
     compile_layers: bool = env_knob(True, env="DFLASH_EAGER_LAYERS", parse=parse_inverted_switch,
                                     help="1 keeps the drafter layers eager on CUDA (0: compiled), the way out if "
                                          "torch.compile fails on this machine's torch")
+    fp8_layers: bool = env_knob(False, env="DFLASH_FP8_LAYERS", parse=parse_switch,
+                                help="1 trains the drafter layers' linears in FP8 on CUDA (torchao float8, rowwise "
+                                     "scales; pip install 'dflash_trainer[fp8]'); opt-in: neither its speed nor "
+                                     "the proof's tau measured with it yet")
     compile_target: bool = env_knob(True, env="DFLASH_EAGER_TARGET", parse=parse_inverted_switch,
                                     help="1 keeps the target's decoder layers eager on CUDA (0: compiled when the "
                                          "target sits on one GPU)")
@@ -315,6 +320,9 @@ class TrainConfig:
                 and self.snapshot_minutes[-1] > self.time_budget_min:
             raise ValueError(f"--snapshot-minutes {self.snapshot_minutes[-1]:g} is past --time-budget-min "
                              f"{self.time_budget_min:g}; snapshot within the budget or raise it")
+        if self.fp8_layers and importlib.util.find_spec("torchao") is None:
+            raise ValueError("DFLASH_FP8_LAYERS=1 needs torchao; pip install 'dflash_trainer[fp8]' or unset "
+                             "DFLASH_FP8_LAYERS")
         if self.target_layer_ids is not None:
             if not self.target_layer_ids:
                 raise ValueError("--target-layer-ids is empty; pass e.g. 1,9,17,25,33 or leave it out")
