@@ -35,7 +35,7 @@ from profile_parts import profile_steps
 from timing import device_sync, timed_calls
 
 from dflash_trainer import cli
-from dflash_trainer.config import declared_default, default_target_layer_ids, env_fields
+from dflash_trainer.config import default_target_layer_ids
 
 # dflash-train's flags this benchmark takes (declared, defaulted and checked in config.py only).
 TRAIN_FLAGS = ("device", "num_target_taps", "use_soft_labels")
@@ -121,9 +121,8 @@ def main(argv=None) -> int:
     B, T = s["batch"], s["seq_len"]
     input_ids = torch.randint(0, s["vocab"] - 1, (B, T), generator=torch.Generator().manual_seed(0))
     flop = forward_flop(s, made["layer_params"])
-    knob = next(f for f in env_fields() if f.name == "compile_target")
-    compiled_by_default = cli.env_values().get("compile_target", declared_default(knob))
-    variants = {"both": [False, True], "eager": [False], "default": [compiled_by_default]}[args.target_layers]
+    default = cli.env_setting("compile_target")  # as dflash-train runs the target (DFLASH_EAGER_TARGET)
+    variants = {"both": [False, True], "eager": [False], "default": [default]}[args.target_layers]
     results = []
     for compiled in variants:
         how = target.compile_layers() if compiled else "eager"  # as dflash-train does (eager off CUDA)

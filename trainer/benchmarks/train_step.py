@@ -152,7 +152,7 @@ def main(argv=None) -> int:
         drafter = DFlashDrafter(cfg)
     drafter.embed_tokens.to(frozen_dtype)
     drafter.lm_head.to(frozen_dtype)
-    fp8 = cli.env_values().get("fp8_layers", False)  # dflash-train's DFLASH_FP8_LAYERS, applied as it applies it
+    fp8 = cli.env_setting("fp8_layers")  # dflash-train's DFLASH_FP8_LAYERS, applied as it applies it
     if fp8:
         float8_layers(drafter)
     if device.type == "cuda" and not args.no_compile:

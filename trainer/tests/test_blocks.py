@@ -190,16 +190,15 @@ def test_tile_padding_shapes():
 
     ids, mask = torch.ones(2, 130, dtype=torch.long), torch.ones(2, 130, dtype=torch.bool)
     anchors, valid = torch.ones(2, 9, dtype=torch.long), torch.ones(2, 9, dtype=torch.bool)
-    lengths = torch.tensor([130, 100])
-    taps, last, ids_p, mask_p, lengths_p, anchors_p, valid_p = pad_to_tiles(
-        [torch.ones(2, 130, 8)], None, ids, mask, lengths, anchors, valid, block_size=16)
+    taps, last, ids_p, mask_p, anchors_p, valid_p = pad_to_tiles(
+        [torch.ones(2, 130, 8)], None, ids, mask, anchors, valid, block_size=16)
     assert taps[0].shape == (2, 256, 8) and last is None and ids_p.shape == mask_p.shape == (2, 256)
-    assert not mask_p[:, 130:].any() and not taps[0][:, 130:].any() and lengths_p is lengths
+    assert not mask_p[:, 130:].any() and not taps[0][:, 130:].any()
     assert anchors_p.shape == (2, 16) and not valid_p[:, 9:].any()           # 16 anchors x 16 slots = 2 tiles
-    assert pad_to_tiles([], None, ids, mask, lengths, anchors, valid, block_size=32)[5].shape == (2, 12)  # 3 tiles
+    assert pad_to_tiles([], None, ids, mask, anchors, valid, block_size=32)[4].shape == (2, 12)  # 3 tiles
     # no size of 1 in the block queries: at least two tiles (block 12: 32 anchors fill 3 tiles)
-    assert pad_to_tiles([], None, ids, mask, lengths, anchors[:, :3], valid[:, :3], block_size=12)[5].shape == (2, 32)
-    one = pad_to_tiles([torch.ones(1, 130, 8)], torch.ones(1, 130, 8), ids[:1], mask[:1], lengths[:1], anchors[:1, :4],
+    assert pad_to_tiles([], None, ids, mask, anchors[:, :3], valid[:, :3], block_size=12)[4].shape == (2, 32)
+    one = pad_to_tiles([torch.ones(1, 130, 8)], torch.ones(1, 130, 8), ids[:1], mask[:1], anchors[:1, :4],
                        valid[:1, :4], block_size=16)
     assert [t.shape for t in one[0] + [one[1]]] == [(1, 256, 8)] * 2 and one[2].shape == one[3].shape == (1, 256)
-    assert one[4].tolist() == [130] and one[5].shape == one[6].shape == (1, 16)  # a batch of one stays one
+    assert one[4].shape == one[5].shape == (1, 16)  # a batch of one stays one

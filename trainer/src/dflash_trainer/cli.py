@@ -110,6 +110,12 @@ def env_values(environ=os.environ) -> dict:
             for f in env_fields() if option_name(f) in environ}
 
 
+def env_setting(name: str, environ=os.environ):
+    """One environment knob's value as dflash-train takes it: set, parsed; else its declared default."""
+    (f,) = [f for f in env_fields() if f.name == name]
+    return env_values(environ).get(name, declared_default(f))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_flags(p)

@@ -48,8 +48,8 @@ def drafter_micro_batch(drafter: DFlashDrafter, taps: list[torch.Tensor], target
         noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
         taps = add_uniform_noise(taps, noise_amplitude, noise_gen)
     if use_flex if tile_shapes is None else tile_shapes:  # after the noise, whose draws follow the unpadded shape
-        taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, anchors, valid = pad_to_tiles(
-            taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, anchors, valid, cfg.block_size)
+        taps, target_last, input_ids_BT, loss_mask_BT, anchors, valid = pad_to_tiles(
+            taps, target_last, input_ids_BT, loss_mask_BT, anchors, valid, cfg.block_size)
     block_ids, block_pos = block_inputs(input_ids_BT, anchors, cfg.block_size, cfg.mask_token_id)
     T = input_ids_BT.shape[1]
     mask = build_mask(anchors, valid, T, cfg.block_size, use_flex=use_flex)
@@ -62,7 +62,7 @@ def drafter_micro_batch(drafter: DFlashDrafter, taps: list[torch.Tensor], target
 FLEX_TILE = 128  # flex attention's default block size (query and key tiles)
 
 
-def pad_to_tiles(taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA, block_size: int,
+def pad_to_tiles(taps, target_last, input_ids_BT, loss_mask_BT, anchors_BA, valid_BA, block_size: int,
                  tile: int = FLEX_TILE):
     """Pads the context to a multiple of `tile` positions and the anchors to a count whose block queries
     fill whole tiles, so every batch's attention lengths are tile multiples. Compiled flex attention guards
@@ -73,7 +73,7 @@ def pad_to_tiles(taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, ancho
     is (an empty second sequence doubled its work: 1,224 -> 1,739 ms and 75 -> 111 GB per step at the seed's
     shape); its graph is compiled by the compile warm-up, whose batches include the plan's fewest sequences.
     The padding changes nothing computed: padded context positions lie past every anchor, so no block sees
-    them, and padded anchors are invalid (no loss). Costs < `tile` positions and a few anchors."""
+    them, and padded anchors are invalid (no context, no loss). Costs < `tile` positions and a few anchors."""
     T, A = input_ids_BT.shape[1], anchors_BA.shape[1]
     pad_t = -T % tile
     anchor_multiple = tile // math.gcd(tile, block_size)  # anchor counts whose block queries fill whole tiles
@@ -82,8 +82,7 @@ def pad_to_tiles(taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, ancho
     if pad_t:
         taps = [F.pad(t, (0, 0, 0, pad_t)) for t in taps]
         target_last = None if target_last is None else F.pad(target_last, (0, 0, 0, pad_t))
-        input_ids_BT = F.pad(input_ids_BT, (0, pad_t))
-        loss_mask_BT = F.pad(loss_mask_BT, (0, pad_t))
+        input_ids_BT, loss_mask_BT = F.pad(input_ids_BT, (0, pad_t)), F.pad(loss_mask_BT, (0, pad_t))
     if pad_a:
         anchors_BA, valid_BA = F.pad(anchors_BA, (0, pad_a)), F.pad(valid_BA, (0, pad_a))
-    return taps, target_last, input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA
+    return taps, target_last, input_ids_BT, loss_mask_BT, anchors_BA, valid_BA
