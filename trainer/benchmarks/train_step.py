@@ -116,7 +116,7 @@ def print_result(result: dict) -> None:
     median, tflops = result["step_s_median"], result["achieved_tflops"]
     rows = [("device", result["device"]),
             ("variant", f"{result['labels']} labels, {result['head_loss']} head loss, "
-                        f"{'FP8 (DFLASH_FP8_LAYERS=1)' if result['fp8_layers'] else 'bf16'} layer linears"),
+                        f"{'FP8 ' + result['fp8_layers'] if result['fp8_layers'] else 'bf16'} layer linears"),
             ("shape", f"hidden {s['hidden']} layers {s['num_draft_layers']} block {s['block_size']} anchors "
                       f"{s['max_anchors']} vocab {s['vocab']} seq {s['seq_len']} batch {s['batch']}"),
             ("trainable params", f"{result['trainable_params'] / 1e6:.1f} M"),
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     drafter.lm_head.to(frozen_dtype)
     fp8 = cli.env_setting("fp8_layers")  # dflash-train's DFLASH_FP8_LAYERS, applied as it applies it
     if fp8:
-        float8_layers(drafter)
+        float8_layers(drafter, fp8)
     if device.type == "cuda" and not args.no_compile:
         drafter.compile_layers()
     trainable = [p for p in drafter.parameters() if p.requires_grad]

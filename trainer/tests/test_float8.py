@@ -23,7 +23,7 @@ from trainer_testlib import read_heartbeat, train_cmd
 TRAINER = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FP8_CHECK = r"""
-import json, torch
+import json, sys, torch
 from torch import nn
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.float8 import float8_layers
@@ -52,7 +52,7 @@ def loss_and_grad(d):
 
 reference, d = drafter(), drafter()
 keys = {k: str(v.dtype) for k, v in d.state_dict().items()}
-swapped = float8_layers(d)
+swapped = float8_layers(d, sys.argv[1])
 (loss_ref, grad_ref), (loss, grad) = loss_and_grad(reference), loss_and_grad(d)
 print(json.dumps({"swapped": swapped, "same_keys": keys == {k: str(v.dtype) for k, v in d.state_dict().items()},
                   "fc": type(d.fc).__name__, "lm_head": type(d.lm_head).__name__,
@@ -74,9 +74,10 @@ def torchao_dir(tmp_path_factory):
     return str(target)
 
 
-def test_fp8_layers_swap_every_layer_linear_keep_the_checkpoint_keys_and_train(torchao_dir):
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_fp8_layers_swap_every_layer_linear_keep_the_checkpoint_keys_and_train(torchao_dir, recipe):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([torchao_dir, os.path.join(TRAINER, "src")]))
-    run = subprocess.run([sys.executable, "-c", FP8_CHECK], capture_output=True, text=True, timeout=300, env=env)
+    run = subprocess.run([sys.executable, "-c", FP8_CHECK, recipe], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     r = json.loads(run.stdout.strip().splitlines()[-1])
     assert r["swapped"] == 2 * 7 and r["layer_linears"] == ["Float8Linear"]  # q k v o gate up down, 2 layers
@@ -95,7 +96,7 @@ def test_fp8_layers_without_torchao_is_refused_in_one_line_before_anything_loads
                             env=dict(os.environ, DFLASH_FP8_LAYERS="1"))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert re.fullmatch(r"dflash-train: error: DFLASH_FP8_LAYERS=1 needs torchao; pip install "
+    assert re.fullmatch(r"dflash-train: error: DFLASH_FP8_LAYERS \(rowwise\) needs torchao; pip install "
                         r"'dflash_trainer\[fp8\]' or unset DFLASH_FP8_LAYERS", lines[0]), lines[0]
     # refused before loading anything: the run directory holds only the failed heartbeat the launcher reads
     assert os.listdir(out) == ["heartbeat.json"]
@@ -104,5 +105,13 @@ def test_fp8_layers_without_torchao_is_refused_in_one_line_before_anything_loads
 
     from dflash_trainer.float8 import float8_layers  # the benchmark's direct call has the same guard
     from test_blocks import tiny_drafter
-    with pytest.raises(RuntimeError, match=r"^DFLASH_FP8_LAYERS=1 needs torchao .*pip install 'dflash_trainer\[fp8\]'"):
+    with pytest.raises(RuntimeError, match=r"^DFLASH_FP8_LAYERS \(rowwise\) needs torchao .*pip install 'dflash_trainer\[fp8\]'"):
         float8_layers(tiny_drafter())
+
+
+def test_fp8_layers_unknown_recipe_is_refused_in_one_line(tiny, tmp_path):
+    result = subprocess.run(train_cmd(tiny, tmp_path / "out"), capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, DFLASH_FP8_LAYERS="yes"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines == ["dflash-train: error: DFLASH_FP8_LAYERS is 'yes'; set it to 0, 1 "
+                                                "(rowwise) or one of rowwise, tensorwise"], result.stderr

@@ -86,6 +86,19 @@ def parse_inverted_switch(text: str, name: str) -> bool:
     return not parse_switch(text, name)
 
 
+FP8_RECIPES = ("rowwise", "tensorwise")  # torchao's float8 training recipes (float8.py); "1" is rowwise
+
+
+def parse_fp8_recipe(text: str, name: str) -> str | None:
+    """0: off; 1 or a recipe name: that torchao float8 recipe."""
+    if text == "0":
+        return None
+    recipe = "rowwise" if text == "1" else text
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"{name} is {text!r}; set it to 0, 1 (rowwise) or one of {', '.join(FP8_RECIPES)}")
+    return recipe
+
+
 def parse_seconds(text: str, name: str) -> float:
     try:
         return float(text)
@@ -268,10 +281,11 @@ class TrainConfig:
     compile_layers: bool = env_knob(True, env="DFLASH_EAGER_LAYERS", parse=parse_inverted_switch,
                                     help="1 keeps the drafter layers eager on CUDA (0: compiled), the way out if "
                                          "torch.compile fails on this machine's torch")
-    fp8_layers: bool = env_knob(False, env="DFLASH_FP8_LAYERS", parse=parse_switch,
-                                help="1 trains the drafter layers' linears in FP8 on CUDA (torchao float8, rowwise "
-                                     "scales; pip install 'dflash_trainer[fp8]'); opt-in: neither its speed nor "
-                                     "the proof's tau measured with it yet")
+    fp8_layers: str | None = env_knob(None, env="DFLASH_FP8_LAYERS", parse=parse_fp8_recipe,
+                                      help="1 (or rowwise, tensorwise: torchao's float8 recipe; 1 is rowwise) trains "
+                                           "the drafter layers' linears in FP8 on CUDA (pip install "
+                                           "'dflash_trainer[fp8]'); 0 keeps them bf16. Opt-in: the proof's tau is "
+                                           "not measured with it yet")
     compile_target: bool = env_knob(True, env="DFLASH_EAGER_TARGET", parse=parse_inverted_switch,
                                     help="1 keeps the target's decoder layers eager on CUDA (0: compiled when the "
                                          "target sits on one GPU)")
@@ -321,8 +335,8 @@ class TrainConfig:
             raise ValueError(f"--snapshot-minutes {self.snapshot_minutes[-1]:g} is past --time-budget-min "
                              f"{self.time_budget_min:g}; snapshot within the budget or raise it")
         if self.fp8_layers and importlib.util.find_spec("torchao") is None:
-            raise ValueError("DFLASH_FP8_LAYERS=1 needs torchao; pip install 'dflash_trainer[fp8]' or unset "
-                             "DFLASH_FP8_LAYERS")
+            raise ValueError(f"DFLASH_FP8_LAYERS ({self.fp8_layers}) needs torchao; pip install "
+                             "'dflash_trainer[fp8]' or unset DFLASH_FP8_LAYERS")
         if self.target_layer_ids is not None:
             if not self.target_layer_ids:
                 raise ValueError("--target-layer-ids is empty; pass e.g. 1,9,17,25,33 or leave it out")

@@ -85,9 +85,9 @@ def set_rng_state(state: dict) -> None:
 
 
 def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device,
-                     compile_layers: bool = True, fp8_layers: bool = False) -> DFlashDrafter:
+                     compile_layers: bool = True, fp8_layers: str | None = None) -> DFlashDrafter:
     """A fresh drafter sharing the target's embedding and lm_head (frozen), ready to train on `device`
-    (its layers compiled on CUDA unless `compile_layers` is False; their linears in FP8 on CUDA if `fp8_layers`)."""
+    (its layers compiled on CUDA unless `compile_layers` is False; their linears in FP8 on CUDA with the torchao recipe `fp8_layers`, if given)."""
     drafter = DFlashDrafter(drafter_cfg).to(device)
     drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
     if device.type == "cuda":  # frozen tables stay bf16 like the target; trainable weights fp32 master
@@ -95,7 +95,7 @@ def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device,
         drafter.lm_head.to(torch.bfloat16)
         if fp8_layers:  # before compiling: the compiled graphs take torchao's casts in
             from dflash_trainer.float8 import float8_layers
-            float8_layers(drafter)
+            float8_layers(drafter, fp8_layers)
         if compile_layers:
             drafter.compile_layers()  # 1.50 -> 1.31 s/step at the 27B shape on one H200 (benchmarks/)
     return drafter
