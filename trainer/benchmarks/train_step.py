@@ -41,7 +41,7 @@ from timing import device_sync, timed_calls
 from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.float8 import float8_layers
+from dflash_trainer.float8 import float8_layers, fp8_for
 from dflash_trainer.optimizer import drafter_adamw
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 
@@ -152,7 +152,9 @@ def main(argv=None) -> int:
         drafter = DFlashDrafter(cfg)
     drafter.embed_tokens.to(frozen_dtype)
     drafter.lm_head.to(frozen_dtype)
-    fp8 = cli.env_setting("fp8_layers")  # dflash-train's DFLASH_FP8_LAYERS, applied as it applies it
+    # dflash-train's DFLASH_FP8_LAYERS (default auto), decided and applied as it does
+    fp8, linears = fp8_for(cli.env_setting("fp8_layers"), device, cfg.hidden_size)
+    print(f"drafter linears: {linears}", flush=True)
     if fp8:
         float8_layers(drafter, fp8)
     if device.type == "cuda" and not args.no_compile:

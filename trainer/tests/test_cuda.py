@@ -62,6 +62,8 @@ def test_train_on_one_gpu(tiny, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert read_heartbeat(tmp_path / "out")["phase"] == "finished"
     assert "target layers: compiled (" in result.stdout + result.stderr  # the default on CUDA (issue 15)
+    # the tiny drafter (hidden 64) is below where FP8 pays: auto keeps it bf16 and says so
+    assert "drafter linears: bf16 (auto: hidden 64 < " in result.stdout + result.stderr
     bad = subprocess.run(train_cmd(tiny, tmp_path / "bad", "--target-gpus", "99"), capture_output=True, text=True)
     assert bad.returncode == 2 and "do not exist" in bad.stderr
 
@@ -117,7 +119,7 @@ def test_compiled_layers_train_through_changing_batch_shapes_on_cuda():
                         num_target_layers=30, block_size=16, mask_token_id=16)
     tables = [torch.randn(cfg.vocab_size, 576, dtype=torch.bfloat16) * 0.02 for _ in range(2)]
     target_tables = SimpleNamespace(embed_weight=lambda: tables[0], lm_head_weight=lambda: tables[1])
-    d = training_drafter(cfg, target_tables, torch.device("cuda"))  # as dflash-train and the proof build it
+    d, _ = training_drafter(cfg, target_tables, torch.device("cuda"))  # as dflash-train and the proof build it
     opt = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=1e-4)
     from torch._dynamo.utils import counters
     # a batch of one sequence comes early: dynamo specializes a size of 1, so it compiles a graph of its own

@@ -96,7 +96,7 @@ def test_fp8_layers_without_torchao_is_refused_in_one_line_before_anything_loads
                             env=dict(os.environ, DFLASH_FP8_LAYERS="1"))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert re.fullmatch(r"dflash-train: error: DFLASH_FP8_LAYERS \(rowwise\) needs torchao; pip install "
+    assert re.fullmatch(r"dflash-train: error: DFLASH_FP8_LAYERS \(tensorwise\) needs torchao; pip install "
                         r"'dflash_trainer\[fp8\]' or unset DFLASH_FP8_LAYERS", lines[0]), lines[0]
     # refused before loading anything: the run directory holds only the failed heartbeat the launcher reads
     assert os.listdir(out) == ["heartbeat.json"]
@@ -106,12 +106,40 @@ def test_fp8_layers_without_torchao_is_refused_in_one_line_before_anything_loads
     from dflash_trainer.float8 import float8_layers  # the benchmark's direct call has the same guard
     from test_blocks import tiny_drafter
     with pytest.raises(RuntimeError, match=r"^DFLASH_FP8_LAYERS \(rowwise\) needs torchao .*pip install 'dflash_trainer\[fp8\]'"):
-        float8_layers(tiny_drafter())
+        float8_layers(tiny_drafter(), "rowwise")
 
 
 def test_fp8_layers_unknown_recipe_is_refused_in_one_line(tiny, tmp_path):
     result = subprocess.run(train_cmd(tiny, tmp_path / "out"), capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, DFLASH_FP8_LAYERS="yes"))
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and lines == ["dflash-train: error: DFLASH_FP8_LAYERS is 'yes'; set it to 0, 1 "
-                                                "(rowwise) or one of rowwise, tensorwise"], result.stderr
+    assert result.returncode == 2 and lines == ["dflash-train: error: DFLASH_FP8_LAYERS is 'yes'; set it to auto, 0, "
+                                                "1 (tensorwise) or one of tensorwise, rowwise"], result.stderr
+
+
+@pytest.mark.parametrize("setting, device, capability, hidden, torchao, expected", [
+    ("auto", "cuda", (9, 0), 5120, True, "tensorwise"),      # the seed's drafter on an H200: FP8 pays 1.20x
+    ("auto", "cuda", (9, 0), 576, True, None),               # SmolLM2's: too small, bf16
+    ("auto", "cuda", (8, 0), 5120, True, None),              # an A100 has no FP8 matmul
+    ("auto", "cuda", (8, 9), 4096, True, "tensorwise"),      # from FP8_MIN_HIDDEN on
+    ("auto", "cuda", (9, 0), 5120, False, None),             # torchao absent: bf16, not a refusal
+    ("auto", "cpu", None, 5120, True, None),
+    (None, "cuda", (9, 0), 5120, True, None),                # DFLASH_FP8_LAYERS=0
+    ("rowwise", "cuda", (9, 0), 576, True, "rowwise"),       # an explicit recipe overrides the size rule
+    ("tensorwise", "cpu", None, 5120, True, None),           # never on the CPU
+])
+def test_auto_puts_the_layers_in_fp8_where_it_pays_and_says_why(setting, device, capability, hidden, torchao,
+                                                                 expected):
+    from dflash_trainer.float8 import choose_fp8
+    recipe, why = choose_fp8(setting, device, capability, hidden, torchao)
+    assert recipe == expected, why
+    assert why.startswith(f"FP8 {expected} (" if expected else "bf16 ("), why
+    if setting == "auto" and device == "cuda" and not torchao:
+        assert "pip install 'dflash_trainer[fp8]'" in why   # the fix is named
+
+
+def test_dflash_train_logs_which_linears_it_trains(tiny, tmp_path):
+    run = subprocess.run(train_cmd(tiny, tmp_path / "out", "--max-steps", "1"), capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "drafter linears: bf16 (DFLASH_FP8_LAYERS=auto: FP8 only on CUDA)" in run.stdout + run.stderr

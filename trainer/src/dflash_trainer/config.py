@@ -86,17 +86,17 @@ def parse_inverted_switch(text: str, name: str) -> bool:
     return not parse_switch(text, name)
 
 
-FP8_RECIPES = ("rowwise", "tensorwise")  # torchao's float8 training recipes (float8.py); "1" is rowwise
+FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 training recipes (float8.py); 1 is tensorwise
 
 
-def parse_fp8_recipe(text: str, name: str) -> str | None:
-    """0: off; 1 or a recipe name: that torchao float8 recipe."""
+def parse_fp8_setting(text: str, name: str) -> str | None:
+    """auto; 0: bf16; 1 or a recipe name: that torchao float8 recipe."""
     if text == "0":
         return None
-    recipe = "rowwise" if text == "1" else text
-    if recipe not in FP8_RECIPES:
-        raise ValueError(f"{name} is {text!r}; set it to 0, 1 (rowwise) or one of {', '.join(FP8_RECIPES)}")
-    return recipe
+    setting = "tensorwise" if text == "1" else text
+    if setting != "auto" and setting not in FP8_RECIPES:
+        raise ValueError(f"{name} is {text!r}; set it to auto, 0, 1 (tensorwise) or one of {', '.join(FP8_RECIPES)}")
+    return setting
 
 
 def parse_seconds(text: str, name: str) -> float:
@@ -281,11 +281,12 @@ class TrainConfig:
     compile_layers: bool = env_knob(True, env="DFLASH_EAGER_LAYERS", parse=parse_inverted_switch,
                                     help="1 keeps the drafter layers eager on CUDA (0: compiled), the way out if "
                                          "torch.compile fails on this machine's torch")
-    fp8_layers: str | None = env_knob(None, env="DFLASH_FP8_LAYERS", parse=parse_fp8_recipe,
-                                      help="1 (or rowwise, tensorwise: torchao's float8 recipe; 1 is rowwise) trains "
-                                           "the drafter layers' linears in FP8 on CUDA (pip install "
-                                           "'dflash_trainer[fp8]'); 0 keeps them bf16. Opt-in: the proof's tau is "
-                                           "not measured with it yet")
+    fp8_layers: str | None = env_knob("auto", env="DFLASH_FP8_LAYERS", parse=parse_fp8_setting,
+                                      help="auto: the drafter layers' linears in FP8 (torchao's tensorwise float8 "
+                                           "training) on an FP8 GPU from the hidden size where it pays (float8.py) "
+                                           "when torchao is installed (pip install 'dflash_trainer[fp8]'), else "
+                                           "bf16; 0: bf16; 1 or tensorwise, rowwise: that recipe (refused without "
+                                           "torchao); the log's `drafter linears:` line says which")
     compile_target: bool = env_knob(True, env="DFLASH_EAGER_TARGET", parse=parse_inverted_switch,
                                     help="1 keeps the target's decoder layers eager on CUDA (0: compiled when the "
                                          "target sits on one GPU)")
@@ -334,7 +335,7 @@ class TrainConfig:
                 and self.snapshot_minutes[-1] > self.time_budget_min:
             raise ValueError(f"--snapshot-minutes {self.snapshot_minutes[-1]:g} is past --time-budget-min "
                              f"{self.time_budget_min:g}; snapshot within the budget or raise it")
-        if self.fp8_layers and importlib.util.find_spec("torchao") is None:
+        if self.fp8_layers not in (None, "auto") and importlib.util.find_spec("torchao") is None:
             raise ValueError(f"DFLASH_FP8_LAYERS ({self.fp8_layers}) needs torchao; pip install "
                              "'dflash_trainer[fp8]' or unset DFLASH_FP8_LAYERS")
         if self.target_layer_ids is not None:

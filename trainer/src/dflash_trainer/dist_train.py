@@ -258,7 +258,8 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     free = torch.cuda.mem_get_info(world.device)[0] if world.device.type == "cuda" else None
     frozen = _Frozen(cfg.target_model)
     torch.manual_seed(cfg.seed)  # the drafter's init draws exactly as in the single-process run
-    drafter = training_drafter(drafter_cfg, frozen, world.device, cfg.compile_layers, cfg.fp8_layers)
+    drafter, linears = training_drafter(drafter_cfg, frozen, world.device, cfg.compile_layers, cfg.fp8_layers)
+    log(world, "drafter linears: " + linears)
     del frozen
     lr_schedule = LrSchedule(cfg, total_steps)
     step, num_bad_total, train_s, num_sequences = 0, 0, 0.0, 0

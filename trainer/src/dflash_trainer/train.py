@@ -84,21 +84,23 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device,
-                     compile_layers: bool = True, fp8_layers: str | None = None) -> DFlashDrafter:
-    """A fresh drafter sharing the target's embedding and lm_head (frozen), ready to train on `device`
-    (its layers compiled on CUDA unless `compile_layers` is False; their linears in FP8 on CUDA with the torchao recipe `fp8_layers`, if given)."""
+def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device, compile_layers: bool = True,
+                     fp8_setting: str | None = None) -> tuple[DFlashDrafter, str]:
+    """A fresh drafter sharing the target's embedding and lm_head (frozen), ready to train on `device` (its layers
+    compiled on CUDA unless `compile_layers` is False; their linears in FP8 on CUDA as float8.fp8_for decides from
+    `fp8_setting`, DFLASH_FP8_LAYERS), and the words of the `drafter linears:` log line."""
+    from dflash_trainer.float8 import float8_layers, fp8_for
     drafter = DFlashDrafter(drafter_cfg).to(device)
     drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
+    recipe, linears = fp8_for(fp8_setting, device, drafter_cfg.hidden_size)
     if device.type == "cuda":  # frozen tables stay bf16 like the target; trainable weights fp32 master
         drafter.embed_tokens.to(torch.bfloat16)
         drafter.lm_head.to(torch.bfloat16)
-        if fp8_layers:  # before compiling: the compiled graphs take torchao's casts in
-            from dflash_trainer.float8 import float8_layers
-            float8_layers(drafter, fp8_layers)
+        if recipe:  # before compiling: the compiled graphs take torchao's casts in
+            float8_layers(drafter, recipe)
         if compile_layers:
             drafter.compile_layers()  # 1.50 -> 1.31 s/step at the 27B shape on one H200 (benchmarks/)
-    return drafter
+    return drafter, linears
 
 
 def drafter_config_for(cfg: TrainConfig) -> tuple[object, list[int], DrafterConfig]:
@@ -163,7 +165,8 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     with torch.random.fork_rng(devices=[]):
         target = FrozenTarget(cfg.target_model, target_device, layer_ids, need_last_hidden=cfg.use_soft_labels)
     log("target layers: " + (target.compile_layers() if cfg.compile_target else "eager (DFLASH_EAGER_TARGET=1)"))
-    drafter = training_drafter(drafter_cfg, target, drafter_device, cfg.compile_layers, cfg.fp8_layers)
+    drafter, linears = training_drafter(drafter_cfg, target, drafter_device, cfg.compile_layers, cfg.fp8_layers)
+    log("drafter linears: " + linears)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = drafter_adamw(trainable, cfg.lr, cfg.weight_decay, drafter_device)
 
