@@ -41,6 +41,15 @@ options:
     description: Build even when the wheel of these sources is cached.
     type: bool
     default: false
+  extras:
+    description:
+      - The trainer's extras (C(pyproject.toml)'s optional-dependencies) whose pinned requirements join RV(pins), e.g.
+        C(fp8) (torchao, for the FP8 drafter linears C(dflash-train) uses by default on FP8 GPUs).
+      - Part of RV(source_hash), so another choice is another environment in the container. An extra that is not
+        declared, or a requirement in it that is not C(name==version), is refused before anything is built.
+    type: list
+    elements: str
+    default: []
 seealso:
   - module: dflash.ops.trainer_install
 """
@@ -49,6 +58,14 @@ EXAMPLES = r"""
 - name: Build the trainer wheel from the collection on the controller
   dflash.ops.trainer_wheel:
     source: "{{ role_path }}/../../trainer"
+  delegate_to: localhost
+  run_once: true
+  register: wheel
+
+- name: The same, with the FP8 extra's pins (torchao) for the container's install
+  dflash.ops.trainer_wheel:
+    source: "{{ role_path }}/../../trainer"
+    extras: [fp8]
   delegate_to: localhost
   run_once: true
   register: wheel
@@ -76,12 +93,13 @@ version:
   type: str
   sample: 0.1.0
 source_hash:
-  description: sha256 over the relative paths and contents of the files the wheel is built from, pins included.
+  description: sha256 over the relative paths and contents of the files the wheel is built from, pins included, and
+    the names of O(extras).
   returned: always
   type: str
   sample: 6228d8376319354bb0e6cad4f55883efec562bf5b7cdb3aa8fad5e07adc911d1
 pins:
-  description: The trainer's pinned runtime dependencies (C(requirements.txt)).
+  description: The trainer's pinned runtime dependencies (C(requirements.txt)), then those of O(extras).
   returned: always
   type: list
   elements: str
@@ -103,6 +121,7 @@ def argument_spec():
         source=dict(type="path", required=True),
         dest=dict(type="path", default="~/.cache/dflash-ops/trainer-wheels"),
         force=dict(type="bool", default=False),
+        extras=dict(type="list", elements="str", default=[]),
     ))
 
 
@@ -110,7 +129,8 @@ def main():
     module = argument_spec().create_ansible_module(supports_check_mode=True)
     p = module.params
     try:
-        result = trainer_wheel(p["source"], p["dest"], check_mode=module.check_mode, force=p["force"])
+        result = trainer_wheel(p["source"], p["dest"], check_mode=module.check_mode, force=p["force"],
+                               extras=p["extras"])
     except (WheelBuildError, OSError) as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(**result)

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,6 +35,9 @@ HEAVY_REQUIREMENTS = [
     "pyarrow==26.0.1",
     "nvidia-ml-py==13.615.71",
 ]
+# The trainer's extras whose pinned wheels the cache also holds (never in the golden venv): the container tests
+# install them through the trainer role's trainer_extras.
+CACHED_EXTRAS = ["fp8"]
 PREFIX = "dflash-golden-"
 MARKER = "dflash-golden.json"  # written next to the container's config once the build completed
 
@@ -77,16 +81,24 @@ def _log(msg: str) -> None:
     print(f"[golden] {msg}", file=sys.stderr, flush=True)
 
 
+def extra_requirements() -> list[str]:
+    """The pins of CACHED_EXTRAS, as trainer/pyproject.toml declares them."""
+    with open(REPO_ROOT / "trainer" / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    return [pin for extra in CACHED_EXTRAS for pin in extras[extra]]
+
+
 def fetch_wheels() -> float:
-    """pip download the heavy wheels into WHEEL_DIR (a no-op when present). Returns seconds."""
+    """pip download the heavy wheels and the cached extras' into WHEEL_DIR (a no-op when present). Returns seconds."""
     t0 = time.monotonic()
     WHEEL_DIR.mkdir(parents=True, exist_ok=True)
     stamp = WHEEL_DIR / ".requirements.json"
-    want = json.dumps(HEAVY_REQUIREMENTS)
+    want = json.dumps(HEAVY_REQUIREMENTS + extra_requirements())
     if stamp.exists() and stamp.read_text() == want:
         return 0.0
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(WHEEL_DIR), *HEAVY_REQUIREMENTS],
-                   check=True)
+    pip = [sys.executable, "-m", "pip", "download", "-q", "-d", str(WHEEL_DIR)]
+    subprocess.run([*pip, *HEAVY_REQUIREMENTS], check=True)
+    subprocess.run([*pip, "--no-deps", *extra_requirements()], check=True)  # their own deps are the pins above
     stamp.write_text(want)
     return time.monotonic() - t0
 

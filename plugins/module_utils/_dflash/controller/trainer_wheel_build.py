@@ -4,7 +4,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Build the bundled trainer's wheel on the controller, reproducibly, keyed by a hash of its sources and pins.
 
-source_hash = sha256 over (relative path, content) of pyproject.toml, requirements.txt (the pins) and src/**.
+source_hash = sha256 over (relative path, content) of pyproject.toml, requirements.txt (the pins) and src/**, and
+the names of the extras whose pinned requirements (pyproject.toml's optional-dependencies) join the pins, so that
+another choice of extras is another environment in the container.
 The wheel is built from a copy of exactly those files (normalised modes, no build litter in the source tree)
 with SOURCE_DATE_EPOCH fixed, so the same sources give the same bytes on any controller with the same setuptools;
 it is cached as <dest>/<source_hash[:16]>/<wheel>, so an unchanged trainer is hashed, never rebuilt.
@@ -49,26 +51,54 @@ def source_files(source):
     return sorted(files)
 
 
-def source_hash(source, files):
+def source_hash(source, files, extras=()):
     h = hashlib.sha256()
+    if extras:  # none: the hash of the files alone, as before extras existed
+        h.update(b"extras\0" + ",".join(sorted(extras)).encode() + b"\0")
     for rel in files:
         with open(os.path.join(source, rel), "rb") as f:
             h.update(rel.encode() + b"\0" + hashlib.sha256(f.read()).digest())
     return h.hexdigest()
 
 
-def read_pins(source):
-    """Requirement lines of trainer/requirements.txt (comments and blanks dropped)."""
+def read_pins(source, extras=()):
+    """Requirement lines of trainer/requirements.txt (comments and blanks dropped), then those of each extra in
+    `extras` (pyproject.toml's optional-dependencies, e.g. fp8 = ["torchao==0.18.0"])."""
     path = os.path.join(source, "requirements.txt")
-    if not os.path.isfile(path):
+    pins = []
+    if os.path.isfile(path):
+        with open(path) as f:
+            lines = [line.split("#", 1)[0].strip() for line in f]
+        pins = [line for line in lines if line]
+    _check_pins(path, pins)
+    return pins + read_extra_pins(source, extras)
+
+
+def read_extra_pins(source, extras):
+    if not extras:
         return []
-    with open(path) as f:
-        lines = [line.split("#", 1)[0].strip() for line in f]
-    pins = [line for line in lines if line]
+    try:
+        import tomllib  # Python 3.11+, the controller's; imported here so that older Pythons can import this file
+    except ImportError:
+        raise WheelBuildError("trainer extras %s need Python 3.11 or newer on the controller (tomllib); or pass "
+                              "no extras" % ", ".join(extras)) from None
+    path = os.path.join(source, "pyproject.toml")
+    with open(path, "rb") as f:
+        known = tomllib.load(f).get("project", {}).get("optional-dependencies", {})
+    pins = []
+    for extra in extras:
+        if extra not in known:
+            raise WheelBuildError("trainer extra %r is not in %s's optional-dependencies; pass some of %s"
+                                  % (extra, path, ", ".join(sorted(known)) or "none"))
+        _check_pins("%s [%s]" % (path, extra), known[extra])
+        pins.extend(pin for pin in known[extra] if pin not in pins)
+    return pins
+
+
+def _check_pins(where, pins):
     bad = [pin for pin in pins if pin.startswith("-") or "==" not in pin]
     if bad:
-        raise WheelBuildError("%s: %s is not a pin: write name==version, one a line" % (path, bad[0]))
-    return pins
+        raise WheelBuildError("%s: %s is not a pin: write name==version, one a line" % (where, bad[0]))
 
 
 def read_version(source):
@@ -126,14 +156,15 @@ def cached_wheel(out_dir):
     return os.path.join(out_dir, wheels[0]) if len(wheels) == 1 else None
 
 
-def trainer_wheel(source, dest, check_mode=False, force=False):
-    """{changed, wheel, wheel_name, version, source_hash, sha256, pins}; builds only when not cached (or force)."""
+def trainer_wheel(source, dest, check_mode=False, force=False, extras=()):
+    """{changed, wheel, wheel_name, version, source_hash, sha256, pins}; builds only when not cached (or force).
+    extras: the trainer's extras whose pins join requirements.txt's (e.g. ["fp8"]: torchao)."""
     source = os.path.abspath(source)
     files = source_files(source)
-    digest = source_hash(source, files)
+    pins = read_pins(source, extras)  # first: a bad pin or extra is refused before anything is built
+    digest = source_hash(source, files, extras)
     version = read_version(source)
-    out = {"source": source, "source_hash": digest, "version": version, "pins": read_pins(source),
-           "changed": False}
+    out = {"source": source, "source_hash": digest, "version": version, "pins": pins, "changed": False}
     out_dir = os.path.join(dest, digest[:16])
     wheel = None if force else cached_wheel(out_dir)
     if wheel is not None:

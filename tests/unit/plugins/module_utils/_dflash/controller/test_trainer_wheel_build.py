@@ -70,3 +70,23 @@ def test_a_pin_file_line_that_is_not_a_pin_is_refused(source, tmp_path, line):
 def test_a_directory_without_pyproject_is_refused(tmp_path):
     with pytest.raises(build.WheelBuildError, match="has no pyproject.toml: trainer_source must be"):
         build.trainer_wheel(str(tmp_path), str(tmp_path / "cache"))
+
+
+@needs_setuptools
+def test_extras_add_their_pins_and_are_part_of_the_hash(source, tmp_path):
+    dest = str(tmp_path / "cache")
+    plain = build.trainer_wheel(source, dest, check_mode=True)
+    fp8 = build.trainer_wheel(source, dest, check_mode=True, extras=["fp8"])
+    assert fp8["pins"] == plain["pins"] + ["torchao==0.18.0"]  # pyproject.toml's fp8 extra, after the pins
+    assert fp8["source_hash"] != plain["source_hash"]  # another environment in the container
+    assert fp8["sha256"] == plain["sha256"]  # the same wheel: extras change what is installed beside it
+
+
+@pytest.mark.parametrize("extras, message", [
+    (["gpu"], r"trainer extra 'gpu' is not in .*pyproject.toml's optional-dependencies; pass some of .*fp8"),
+    (["test"], r"pyproject.toml \[test\]: pytest is not a pin: write name==version"),  # the test extra is unpinned
+])
+def test_an_unknown_or_unpinned_extra_is_refused_before_anything_is_built(source, tmp_path, extras, message):
+    with pytest.raises(build.WheelBuildError, match=message):
+        build.trainer_wheel(source, str(tmp_path / "cache"), extras=extras)
+    assert not os.path.exists(tmp_path / "cache")
