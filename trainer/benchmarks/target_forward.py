@@ -79,6 +79,10 @@ def parse_args(argv):
                 print(f"target_forward.py: error: --{name} is {value}; it must be at least 1", file=sys.stderr)
                 raise SystemExit(2)
             shape["layers" if name == "num-layers" else name.replace("-", "_")] = value
+    try:  # dflash-train's environment knob, read (and refused in one line) before anything runs
+        args.compile_default = cli.env_setting("compile_target")
+    except ValueError as exc:
+        build_parser().error(str(exc))
     return args, shape, cli.train_settings(args, TRAIN_FLAGS)
 
 
@@ -121,8 +125,8 @@ def main(argv=None) -> int:
     B, T = s["batch"], s["seq_len"]
     input_ids = torch.randint(0, s["vocab"] - 1, (B, T), generator=torch.Generator().manual_seed(0))
     flop = forward_flop(s, made["layer_params"])
-    default = cli.env_setting("compile_target")  # as dflash-train runs the target (DFLASH_EAGER_TARGET)
-    variants = {"both": [False, True], "eager": [False], "default": [default]}[args.target_layers]
+    # as dflash-train runs the target (DFLASH_EAGER_TARGET)
+    variants = {"both": [False, True], "eager": [False], "default": [args.compile_default]}[args.target_layers]
     results = []
     for compiled in variants:
         how = target.compile_layers() if compiled else "eager"  # as dflash-train does (eager off CUDA)

@@ -93,6 +93,10 @@ def parse_args(argv):
         value = getattr(args, key.replace("-", "_"), None)
         if value is not None:
             shape[key] = value
+    try:  # dflash-train's environment knob, read (and refused in one line) before anything runs
+        args.fp8_setting = cli.env_setting("fp8_layers")
+    except ValueError as exc:
+        build_parser().error(str(exc))
     return args, shape, cli.train_settings(args, TRAIN_FLAGS)
 
 
@@ -153,7 +157,7 @@ def main(argv=None) -> int:
     drafter.embed_tokens.to(frozen_dtype)
     drafter.lm_head.to(frozen_dtype)
     # dflash-train's DFLASH_FP8_LAYERS (default auto), decided and applied as it does
-    fp8, linears = fp8_for(cli.env_setting("fp8_layers"), device, cfg.hidden_size)
+    fp8, linears = fp8_for(args.fp8_setting, device, cfg.hidden_size)
     print(f"drafter linears: {linears}", flush=True)
     if fp8:
         float8_layers(drafter, fp8)

@@ -158,3 +158,18 @@ def test_cuda_asked_for_without_cuda_is_one_line_and_exit_2(script, capsys):
         bench.main(["--preset", "tiny-cpu", "--device", "cuda"])
     err = capsys.readouterr().err.strip()
     assert stopped.value.code == 2 and "\n" not in err and "CUDA is not available" in err and "--preset tiny-cpu" in err
+
+
+@pytest.mark.parametrize("script, knob, fix", [
+    ("train_step", "DFLASH_FP8_LAYERS", "set it to auto, 0, 1 (tensorwise) or one of tensorwise, rowwise"),
+    ("target_forward", "DFLASH_EAGER_TARGET", "set it to 0 or 1"),
+])
+def test_a_bad_environment_knob_is_refused_by_the_parser_before_anything_runs(script, knob, fix, monkeypatch,
+                                                                               capsys):
+    monkeypatch.setenv(knob, "yes")
+    bench = load_benchmark(script)
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["--preset", "tiny-cpu"])
+    out = capsys.readouterr()
+    assert stopped.value.code == 2 and "peak:" not in out.out  # nothing measured
+    assert out.err.strip().splitlines()[-1].endswith(f": error: {knob} is 'yes'; {fix}"), out.err
