@@ -40,6 +40,7 @@ from timing import device_sync, timed_calls
 
 from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
+from dflash_trainer.config import check_fp8_setting
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.float8 import float8_layers, fp8_for
 from dflash_trainer.optimizer import drafter_adamw
@@ -95,6 +96,7 @@ def parse_args(argv):
             shape[key] = value
     try:  # dflash-train's environment knob, read (and refused in one line) before anything runs
         args.fp8_setting = cli.env_setting("fp8_layers")
+        check_fp8_setting(args.fp8_setting)  # as dflash-train refuses a forced recipe without torchao
     except ValueError as exc:
         build_parser().error(str(exc))
     return args, shape, cli.train_settings(args, TRAIN_FLAGS)

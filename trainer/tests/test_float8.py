@@ -77,7 +77,8 @@ def torchao_dir(tmp_path_factory):
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
 def test_fp8_layers_swap_every_layer_linear_keep_the_checkpoint_keys_and_train(torchao_dir, recipe):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([torchao_dir, os.path.join(TRAINER, "src")]))
-    run = subprocess.run([sys.executable, "-c", FP8_CHECK, recipe], capture_output=True, text=True, timeout=300, env=env)
+    run = subprocess.run([sys.executable, "-c", FP8_CHECK, recipe], capture_output=True, text=True, timeout=300,
+                         env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     r = json.loads(run.stdout.strip().splitlines()[-1])
     assert r["swapped"] == 2 * 7 and r["layer_linears"] == ["Float8Linear"]  # q k v o gate up down, 2 layers
@@ -105,7 +106,8 @@ def test_fp8_layers_without_torchao_is_refused_in_one_line_before_anything_loads
 
     from dflash_trainer.float8 import float8_layers  # the benchmark's direct call has the same guard
     from test_blocks import tiny_drafter
-    with pytest.raises(RuntimeError, match=r"^DFLASH_FP8_LAYERS \(rowwise\) needs torchao .*pip install 'dflash_trainer\[fp8\]'"):
+    with pytest.raises(RuntimeError,
+                       match=r"^DFLASH_FP8_LAYERS \(rowwise\) needs torchao .*pip install 'dflash_trainer\[fp8\]'"):
         float8_layers(tiny_drafter(), "rowwise")
 
 

@@ -99,6 +99,13 @@ def parse_fp8_setting(text: str, name: str) -> str | None:
     return setting
 
 
+def check_fp8_setting(setting: str | None) -> None:
+    """A forced FP8 recipe needs torchao (auto falls back to bf16 without it)."""
+    if setting not in (None, "auto") and importlib.util.find_spec("torchao") is None:
+        raise ValueError(f"DFLASH_FP8_LAYERS ({setting}) needs torchao; pip install 'dflash_trainer[fp8]' or unset "
+                         "DFLASH_FP8_LAYERS")
+
+
 def parse_seconds(text: str, name: str) -> float:
     try:
         return float(text)
@@ -335,9 +342,7 @@ class TrainConfig:
                 and self.snapshot_minutes[-1] > self.time_budget_min:
             raise ValueError(f"--snapshot-minutes {self.snapshot_minutes[-1]:g} is past --time-budget-min "
                              f"{self.time_budget_min:g}; snapshot within the budget or raise it")
-        if self.fp8_layers not in (None, "auto") and importlib.util.find_spec("torchao") is None:
-            raise ValueError(f"DFLASH_FP8_LAYERS ({self.fp8_layers}) needs torchao; pip install "
-                             "'dflash_trainer[fp8]' or unset DFLASH_FP8_LAYERS")
+        check_fp8_setting(self.fp8_layers)
         if self.target_layer_ids is not None:
             if not self.target_layer_ids:
                 raise ValueError("--target-layer-ids is empty; pass e.g. 1,9,17,25,33 or leave it out")

@@ -54,8 +54,8 @@ def float8_layers(drafter: nn.Module, recipe: str) -> int:
     try:
         float8 = importlib.import_module("torchao.float8")
     except ImportError as exc:
-        raise RuntimeError(f"DFLASH_FP8_LAYERS ({recipe}) needs torchao ({exc}); pip install 'dflash_trainer[fp8]' or unset "
-                           "DFLASH_FP8_LAYERS") from None
+        raise RuntimeError(f"DFLASH_FP8_LAYERS ({recipe}) needs torchao ({exc}); pip install 'dflash_trainer[fp8]' "
+                           "or unset DFLASH_FP8_LAYERS") from None
     config = float8.Float8LinearConfig.from_recipe_name(recipe)
     before = sum(isinstance(m, nn.Linear) for m in drafter.layers.modules())
     float8.convert_to_float8_training(drafter.layers, config=config)
