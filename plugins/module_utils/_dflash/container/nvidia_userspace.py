@@ -24,6 +24,7 @@ import time
 
 from .entry import answer
 from .nvidia_version import library_version
+from .run_records import read_json
 
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 NVML_LIB = "libnvidia-ml.so.1"
@@ -72,18 +73,10 @@ def installed_versions(lib_dirs=None):
     return sorted(found)
 
 
-def read_marker(path):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
 def detect(req):
     versions = installed_versions(req.get("lib_dirs"))
     out = {"installed_versions": versions, "up_to_date": req["version"] in versions,
-           "marker": read_marker(req["marker"])}
+           "marker": read_json(req["marker"])}
     if req.get("prepare") and not out["up_to_date"]:
         os.makedirs(req["staging_dir"], mode=0o700, exist_ok=True)
         out["staging"] = req["staging_dir"]
