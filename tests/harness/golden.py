@@ -93,12 +93,13 @@ def fetch_wheels() -> float:
     t0 = time.monotonic()
     WHEEL_DIR.mkdir(parents=True, exist_ok=True)
     stamp = WHEEL_DIR / ".requirements.json"
-    want = json.dumps(HEAVY_REQUIREMENTS + extra_requirements())
+    extras = extra_requirements()
+    want = json.dumps(HEAVY_REQUIREMENTS + extras)
     if stamp.exists() and stamp.read_text() == want:
         return 0.0
     pip = [sys.executable, "-m", "pip", "download", "-q", "-d", str(WHEEL_DIR)]
     subprocess.run([*pip, *HEAVY_REQUIREMENTS], check=True)
-    subprocess.run([*pip, "--no-deps", *extra_requirements()], check=True)  # their own deps are the pins above
+    subprocess.run([*pip, "--no-deps", *extras], check=True)  # their own deps are the pins above
     stamp.write_text(want)
     return time.monotonic() - t0
 

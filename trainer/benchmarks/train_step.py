@@ -42,9 +42,9 @@ from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
 from dflash_trainer.config import check_fp8_setting
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.float8 import float8_layers, fp8_for
 from dflash_trainer.optimizer import drafter_adamw
 from dflash_trainer.step import derived_seed, drafter_micro_batch
+from dflash_trainer.train import prepare_drafter
 
 # The trainer flags this benchmark takes: dflash-train's own (declaration, defaults and checks in config.py).
 TRAIN_FLAGS = ("device", "block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "lr", "weight_decay",
@@ -156,15 +156,9 @@ def main(argv=None) -> int:
     frozen_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device(device):
         drafter = DFlashDrafter(cfg)
-    drafter.embed_tokens.to(frozen_dtype)
-    drafter.lm_head.to(frozen_dtype)
-    # dflash-train's DFLASH_FP8_LAYERS (default auto), decided and applied as it does
-    fp8, linears = fp8_for(args.fp8_setting, device, cfg.hidden_size)
+    # as dflash-train prepares it: bf16 frozen tables, DFLASH_FP8_LAYERS (default auto), compiled layers
+    fp8, linears = prepare_drafter(drafter, device, not args.no_compile, args.fp8_setting)
     print(f"drafter linears: {linears}", flush=True)
-    if fp8:
-        float8_layers(drafter, fp8)
-    if device.type == "cuda" and not args.no_compile:
-        drafter.compile_layers()
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = drafter_adamw(trainable, train["lr"], train["weight_decay"], device)
 

@@ -191,10 +191,11 @@ def _store_int(store, key: str) -> int | None:
 def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading.Event, nvml: NvmlTelemetry) -> None:
     from dflash_trainer.target import FrozenTarget
     from dflash_trainer.target_split import layer_ranges
+    from dflash_trainer.train import target_layers
     split_over = [torch.device(d) for d in world.layout[world.rank].get("devices", [])]
     target = FrozenTarget(cfg.target_model, world.device, layer_ids, need_last_hidden=cfg.use_soft_labels,
                           split_over=split_over)
-    log(world, "target layers: " + (target.compile_layers() if cfg.compile_target else "eager (DFLASH_EAGER_TARGET=1)"))
+    log(world, "target layers: " + target_layers(target, cfg))
     if target.layer_devices:
         log(world, "target layers split: " + layer_ranges(target.layer_devices))
     dist.barrier()  # every rank is loaded: the drafters' receivers start only now

@@ -86,13 +86,22 @@ def set_rng_state(state: dict) -> None:
 
 def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device, compile_layers: bool = True,
                      fp8_setting: str | None = None) -> tuple[DFlashDrafter, str]:
-    """A fresh drafter sharing the target's embedding and lm_head (frozen), ready to train on `device` (its layers
-    compiled on CUDA unless `compile_layers` is False; their linears in FP8 on CUDA as float8.fp8_for decides from
-    `fp8_setting`, DFLASH_FP8_LAYERS), and the words of the `drafter linears:` log line."""
-    from dflash_trainer.float8 import float8_layers, fp8_for
+    """A fresh drafter sharing the target's embedding and lm_head (frozen), ready to train on `device`
+    (prepare_drafter), and the words of the `drafter linears:` log line."""
     drafter = DFlashDrafter(drafter_cfg).to(device)
     drafter.load_frozen(target.embed_weight(), target.lm_head_weight())
-    recipe, linears = fp8_for(fp8_setting, device, drafter_cfg.hidden_size)
+    _recipe, linears = prepare_drafter(drafter, device, compile_layers, fp8_setting)
+    return drafter, linears
+
+
+def prepare_drafter(drafter: DFlashDrafter, device: torch.device, compile_layers: bool,
+                    fp8_setting: str | None) -> tuple[str | None, str]:
+    """On CUDA: the frozen tables in bf16, the layers' linears in FP8 as float8.fp8_for decides from `fp8_setting`
+    (DFLASH_FP8_LAYERS), the layers compiled unless `compile_layers` is False. Returns the FP8 recipe applied (None:
+    bf16) and the words of the `drafter linears:` log line. dflash-train and benchmarks/train_step.py prepare their
+    drafters here."""
+    from dflash_trainer.float8 import float8_layers, fp8_for
+    recipe, linears = fp8_for(fp8_setting, device, drafter.cfg.hidden_size)
     if device.type == "cuda":  # frozen tables stay bf16 like the target; trainable weights fp32 master
         drafter.embed_tokens.to(torch.bfloat16)
         drafter.lm_head.to(torch.bfloat16)
@@ -100,7 +109,12 @@ def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device, c
             float8_layers(drafter, recipe)
         if compile_layers:
             drafter.compile_layers()  # 1.50 -> 1.31 s/step at the 27B shape on one H200 (benchmarks/)
-    return drafter, linears
+    return recipe, linears
+
+
+def target_layers(target, cfg: TrainConfig) -> str:
+    """The target's decoder layers compiled unless DFLASH_EAGER_TARGET=1; the words of the `target layers:` line."""
+    return target.compile_layers() if cfg.compile_target else "eager (DFLASH_EAGER_TARGET=1)"
 
 
 def drafter_config_for(cfg: TrainConfig) -> tuple[object, list[int], DrafterConfig]:
@@ -164,7 +178,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     # the drafter's initial weights depend on --seed only, as on a drafter rank, which never loads the target.
     with torch.random.fork_rng(devices=[]):
         target = FrozenTarget(cfg.target_model, target_device, layer_ids, need_last_hidden=cfg.use_soft_labels)
-    log("target layers: " + (target.compile_layers() if cfg.compile_target else "eager (DFLASH_EAGER_TARGET=1)"))
+    log("target layers: " + target_layers(target, cfg))
     drafter, linears = training_drafter(drafter_cfg, target, drafter_device, cfg.compile_layers, cfg.fp8_layers)
     log("drafter linears: " + linears)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
