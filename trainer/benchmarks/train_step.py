@@ -42,6 +42,7 @@ from dflash_trainer import cli
 from dflash_trainer.blocks import sample_anchors
 from dflash_trainer.config import check_fp8_setting
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.loss import head_chunk_rows
 from dflash_trainer.optimizer import drafter_adamw
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.train import prepare_drafter
@@ -122,7 +123,8 @@ def print_result(result: dict) -> None:
     median, tflops = result["step_s_median"], result["achieved_tflops"]
     rows = [("device", result["device"]),
             ("variant", f"{result['labels']} labels, {result['head_loss']} head loss, "
-                        f"{'FP8 ' + result['fp8_layers'] if result['fp8_layers'] else 'bf16'} layer linears"),
+                        f"{'FP8 ' + result['fp8_layers'] if result['fp8_layers'] else 'bf16'} layer linears, "
+                        f"head chunk {result['head_chunk_rows']} rows"),
             ("shape", f"hidden {s['hidden']} layers {s['num_draft_layers']} block {s['block_size']} anchors "
                       f"{s['max_anchors']} vocab {s['vocab']} seq {s['seq_len']} batch {s['batch']}"),
             ("trainable params", f"{result['trainable_params'] / 1e6:.1f} M"),
@@ -219,6 +221,7 @@ def main(argv=None) -> int:
             flops["total"] = flops["layers"] + flops["attention"] + flops["head"]
         tflops = flops["total"] / median / 1e12
         result = {"labels": variant[0], "head_loss": variant[1], "fp8_layers": fp8, "shape": {**s, **train},
+                  "head_chunk_rows": head_chunk_rows(cfg.vocab_size, train["head_chunk_size"]),
                   "warmup_s": warm_s,
                   "agreement_with_eager": agreement.get(variant[0]),
                   "compiled_layers": device.type == "cuda" and not args.no_compile,

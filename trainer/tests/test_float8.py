@@ -145,3 +145,5 @@ def test_dflash_train_logs_which_linears_it_trains(tiny, tmp_path):
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "drafter linears: bf16 (DFLASH_FP8_LAYERS=auto: FP8 only on CUDA)" in run.stdout + run.stderr
+    vocab = json.loads(open(os.path.join(tiny["target"], "config.json")).read())["vocab_size"]
+    assert f"head chunk: 4096 rows (default: fp32 logits within 1024 MiB at vocab {vocab})" in run.stdout + run.stderr

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from dflash_trainer.loss import (acceptance_proxy, add_uniform_noise, chunked_head_loss, noise_amplitude,
-                                 reference_head_loss)
+from dflash_trainer import loss
+from dflash_trainer.config import HEAD_CHUNK_BYTES
+from dflash_trainer.loss import (acceptance_proxy, add_uniform_noise, chunked_head_loss, head_chunk_rows,
+                                 noise_amplitude, reference_head_loss)
 
 
 def _inputs(soft, n=37, h=16, v=50):
@@ -27,6 +29,27 @@ def test_chunked_equals_unchunked(soft, chunk):
     (ref_grad,) = torch.autograd.grad(ref * 0.7, hidden)
     assert torch.allclose(total, ref, rtol=1e-5, atol=1e-5)
     assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab, rows", [(248320, 1024), (151936, 1024), (49152, 4096), (512, 4096),
+                                         (10_000_000, 16)])
+def test_default_head_chunk_keeps_one_chunks_logits_within_the_bound(vocab, rows):
+    """The seed's 248k vocabulary gets 1024 rows (56.5 vs 61.2 GB peak at 4096 on an H200), SmolLM2's keeps 4096."""
+    assert head_chunk_rows(vocab) == rows
+    assert rows * vocab * 4 <= HEAD_CHUNK_BYTES
+    assert head_chunk_rows(vocab, requested=77) == 77   # --head-chunk-size wins
+
+
+def test_default_chunk_is_what_the_loss_runs(monkeypatch):
+    """chunk=None (dflash-train's default) runs head_chunk_rows' chunks and still equals the reference."""
+    hidden, weight, labels, w, _ = _inputs(False, n=37, v=50)
+    monkeypatch.setattr(loss, "HEAD_CHUNK_BYTES", 50 * 4 * 8)          # 8 rows of 50 fp32 logits
+    calls = []
+    real = loss._hard_chunk
+    monkeypatch.setattr(loss, "_hard_chunk", lambda h, *a: calls.append(h.shape[0]) or real(h, *a))
+    total, _ = chunked_head_loss(hidden, weight, labels, w, None)
+    assert calls == [8, 8, 8, 8, 5]
+    assert torch.allclose(total, reference_head_loss(hidden, weight, labels, w), rtol=1e-5, atol=1e-5)
 
 
 def test_soft_kl_equals_ce_for_one_hot_target():

@@ -151,6 +151,13 @@ def env_knob(default, *, env: str, help: str, parse, check=None):
                                             "choices": None, "switch": False, "metavar": None, "env": env})
 
 
+# --head-chunk-size's default (loss.head_chunk_rows): the most rows, a power of two up to the cap, whose fp32
+# logits fit the bytes, so the head's transient memory is bounded whatever the vocabulary. At the seed's shape
+# (vocab 248,320 -> 1024 rows) with FP8 linears: 56.5 GB peak against 61.2 GB at 4096 rows, same step time
+# (927.0 vs 930.2 ms; trainer/README.md "Speed"). SmolLM2's 49,152 keeps 4096.
+HEAD_CHUNK_BYTES = 1 << 30
+HEAD_CHUNK_MAX_ROWS = 4096
+
 PATHS = "paths"
 DEVICES = "devices (single process: the first GPU of each list is used)"
 OPTIMIZATION = "optimization"
@@ -261,8 +268,10 @@ class TrainConfig:
                                               help="comma-separated tapped layers (default: DFLASH.md rule)")
     num_target_taps: int = flag(5, parse=parse_int, check=at_least(1), group=METHOD,
                                 help="K, when --target-layer-ids is not given")
-    head_chunk_size: int = flag(4096, parse=parse_int, check=at_least(1), group=METHOD,
-                                help="lm_head rows per chunk in the loss (bounds logits memory)")
+    head_chunk_size: int | None = flag(None, parse=parse_int, check=at_least(1), group=METHOD,
+                                       help="lm_head rows per chunk in the loss (bounds logits memory; default: "
+                                            f"the most rows, up to {HEAD_CHUNK_MAX_ROWS}, whose fp32 logits fit "
+                                            f"{HEAD_CHUNK_BYTES >> 30} GiB)")
 
     checkpoint_interval: int = flag(1000, parse=parse_int, check=at_least(1), group=CONTRACT,
                                     help="optimizer steps between checkpoints (a final one is always written)")

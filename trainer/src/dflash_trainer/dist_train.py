@@ -56,7 +56,7 @@ from dflash_trainer.failures import ExplainedFailure
 from dflash_trainer.heartbeat import RESERVE_NAME, Heartbeat
 from dflash_trainer.hs_queue import HiddenStateQueue, batch_tap_bytes, check_host_memory, mem_available
 from dflash_trainer.hs_transport import Item, Receiver, Sender
-from dflash_trainer.loss import acceptance_proxy
+from dflash_trainer.loss import acceptance_proxy, describe_head_chunk
 from dflash_trainer.optimizer import drafter_adamw
 from dflash_trainer.step import derived_seed, drafter_micro_batch
 from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, profile_line
@@ -261,6 +261,7 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
     torch.manual_seed(cfg.seed)  # the drafter's init draws exactly as in the single-process run
     drafter, linears = training_drafter(drafter_cfg, frozen, world.device, cfg.compile_layers, cfg.fp8_layers)
     log(world, "drafter linears: " + linears)
+    log(world, "head chunk: " + describe_head_chunk(drafter_cfg.vocab_size, cfg.head_chunk_size))
     del frozen
     lr_schedule = LrSchedule(cfg, total_steps)
     step, num_bad_total, train_s, num_sequences = 0, 0, 0.0, 0

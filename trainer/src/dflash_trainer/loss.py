@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_trainer.blocks import block_labels, slot_weights
+from dflash_trainer.config import HEAD_CHUNK_BYTES, HEAD_CHUNK_MAX_ROWS
 
 
 def _hard_chunk(h, weight_VH, y, w, need_grad: bool):
@@ -41,6 +42,26 @@ def _soft_chunk(h, weight_VH, t, w, need_grad: bool):
     if not need_grad:
         return total, correct, None
     return total, correct, ((logp.exp() - q) * w[:, None]).to(weight_VH.dtype) @ weight_VH
+
+
+def head_chunk_rows(vocab: int, requested: int | None = None) -> int:
+    """Rows per head chunk: `requested` (--head-chunk-size) when given, else the most rows (a power of two, at
+    most HEAD_CHUNK_MAX_ROWS) whose fp32 logits fit HEAD_CHUNK_BYTES, so the head's transient memory is bounded
+    whatever the vocabulary (1024 rows at the seed's 248,320, 4096 at SmolLM2's 49,152)."""
+    if requested is not None:
+        return requested
+    rows = HEAD_CHUNK_MAX_ROWS
+    while rows > 1 and rows * vocab * 4 > HEAD_CHUNK_BYTES:
+        rows //= 2
+    return rows
+
+
+def describe_head_chunk(vocab: int, requested: int | None) -> str:
+    """The words of dflash-train's `head chunk:` log line."""
+    rows = head_chunk_rows(vocab, requested)
+    if requested is not None:
+        return f"{rows} rows (--head-chunk-size)"
+    return f"{rows} rows (default: fp32 logits within {HEAD_CHUNK_BYTES >> 20} MiB at vocab {vocab})"
 
 
 @functools.cache
@@ -93,10 +114,11 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         return grad * grad_total.to(grad.dtype), None, None, None, None, None
 
 
-def chunked_head_loss(hidden_NH, weight_VH, labels_N, row_w_N, target_NH=None, chunk: int = 4096):
+def chunked_head_loss(hidden_NH, weight_VH, labels_N, row_w_N, target_NH=None, chunk: int | None = None):
     """Σ_rows w·ℓ (not normalized) and per-row top-1 correctness. ℓ = CE(labels) or KL(target || draft)
-    where the target distribution is softmax(target_NH @ weight.T)."""
-    return _ChunkedHeadLoss.apply(hidden_NH, weight_VH, labels_N, row_w_N, target_NH, chunk)
+    where the target distribution is softmax(target_NH @ weight.T). chunk None: head_chunk_rows' default."""
+    rows = head_chunk_rows(weight_VH.shape[0], chunk)
+    return _ChunkedHeadLoss.apply(hidden_NH, weight_VH, labels_N, row_w_N, target_NH, rows)
 
 
 def reference_head_loss(hidden_NH, weight_VH, labels_N, row_w_N, target_NH=None):
@@ -119,7 +141,7 @@ class LossOutput:
 
 
 def dflash_loss(hidden_BQH, lm_head_weight, input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA,
-                block_size: int, gamma: float, target_last_BTH=None, chunk: int = 4096) -> LossOutput:
+                block_size: int, gamma: float, target_last_BTH=None, chunk: int | None = None) -> LossOutput:
     """The DFLASH.md objective for one micro-batch of drafter outputs.
 
     target_last_BTH: the target's final-normed last hidden state; given -> soft labels from index a+k-1."""

@@ -31,7 +31,7 @@ def autocast_for(device: torch.device):
 def drafter_micro_batch(drafter: DFlashDrafter, taps: list[torch.Tensor], target_last: torch.Tensor | None,
                         input_ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor, lengths_B: torch.Tensor, *,
                         max_anchors: int, gamma: float, noise_amplitude: float, seed: int,
-                        head_chunk_size: int, tile_shapes: bool | None = None) -> LossOutput:
+                        head_chunk_size: int | None, tile_shapes: bool | None = None) -> LossOutput:
     """Forward + loss for one micro-batch (the caller runs backward). Everything random is drawn from
     generators seeded by `seed`, so a resumed run reproduces the uninterrupted one exactly. `tile_shapes`
     (default: on CUDA, where flex attention runs) pads the shapes to whole attention tiles (pad_to_tiles)."""

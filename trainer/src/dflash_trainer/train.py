@@ -25,7 +25,7 @@ from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
 from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.export import drafter_config_from_export
 from dflash_trainer.heartbeat import Heartbeat
-from dflash_trainer.loss import acceptance_proxy
+from dflash_trainer.loss import acceptance_proxy, describe_head_chunk
 from dflash_trainer.schedule import Schedule
 from dflash_trainer.optimizer import drafter_adamw
 from dflash_trainer.step import derived_seed, drafter_micro_batch
@@ -181,6 +181,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     log("target layers: " + target_layers(target, cfg))
     drafter, linears = training_drafter(drafter_cfg, target, drafter_device, cfg.compile_layers, cfg.fp8_layers)
     log("drafter linears: " + linears)
+    log("head chunk: " + describe_head_chunk(drafter_cfg.vocab_size, cfg.head_chunk_size))
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = drafter_adamw(trainable, cfg.lr, cfg.weight_decay, drafter_device)
 
