@@ -3,11 +3,13 @@ several processes sharing a file, and Weights & Biases offline runs of a real df
 gloo torchrun job, read back from the files wandb writes (with no network, and the API key in no file)."""
 
 import glob
+import http.server
 import json
 import multiprocessing
 import os
 import struct
 import sys
+import threading
 
 import pytest
 
@@ -118,6 +120,50 @@ def test_one_process_run_logs_profile_and_an_offline_wandb_run(tiny, tmp_path):
     for row in metrics:
         assert history[row["step"]]["train/loss"] == pytest.approx(row["loss"])
     assert history[STEPS]["profile/seconds/target"] == profile[-1]["seconds"]["target"]
+    assert_key_nowhere(str(tmp_path))
+
+
+class _RefusingWandbServer(http.server.BaseHTTPRequestHandler):
+    """W&B's API as a revoked key meets it: every request answered 401 with a GraphQL error."""
+    requests: list[str] = []
+
+    def _refuse(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.requests.append(f"{self.command} {self.path}")
+        body = b'{"errors":[{"message":"user is not logged in"}]}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _refuse
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_refused_online_wandb_run_falls_back_to_offline_and_the_run_trains_on(tiny, tmp_path):
+    """Online W&B against a real HTTP server that refuses the key: one log line, an offline run under <run-dir>/wandb
+    with every step, exit 0 (it used to stop the run after its weights had loaded)."""
+    pytest.importorskip("wandb")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingWandbServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {k: v for k, v in wandb_env(tmp_path).items() if k != "WANDB_MODE"}
+    env.update(WANDB_BASE_URL=f"http://127.0.0.1:{server.server_address[1]}", NO_PROXY="127.0.0.1",
+               WANDB_INIT_TIMEOUT="60")
+    out, log = tmp_path / "out", tmp_path / "train.log"
+    try:
+        proc = start(train_cmd(tiny, out, "--max-steps", str(STEPS)), log, env=env)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        server.shutdown()
+    text = log.read_text()
+    assert any(r.startswith("POST /graphql") for r in _RefusingWandbServer.requests)   # it did go online first
+    [line] = [ln for ln in text.splitlines() if "W&B: online run refused or unreachable" in ln]
+    assert "(user is not logged in); logging offline under " + str(out / "wandb") in line, line
+    history = wandb_history(out)
+    assert sorted(history) == [r["step"] for r in read_metrics(out)] == list(range(1, STEPS + 1))
     assert_key_nowhere(str(tmp_path))
 
 

@@ -333,7 +333,7 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
 
     leader = world.is_drafter_leader
     metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl")) if leader else None
-    wandb_run = WandbLog.open(cfg, world.layout) if leader else None
+    wandb_run = WandbLog.open(cfg, lambda msg: log(world, msg), world.layout) if leader else None
     wandb_profiled = time.time()
     S = drafter_cfg.block_size
     window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}

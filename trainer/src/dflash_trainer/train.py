@@ -231,7 +231,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
                          sorted({target_device.index, drafter_device.index} - {None})).start(lambda: step)
     if nvml.unavailable:
         log(f"note: no GPU telemetry: {nvml.unavailable}")
-    wandb_run = WandbLog.open(cfg)
+    wandb_run = WandbLog.open(cfg, log)
     train_s = train_s0  # training seconds at the start of the current step
     saved = {"step": step if resume_from else -1, "path": resume_from}
 

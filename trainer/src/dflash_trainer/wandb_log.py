@@ -5,6 +5,9 @@ the optional extra dflash_trainer[wandb]). One process of a job logs (the single
 under torchrun, which holds the metrics and reads every rank's profile from the job's store). The run goes under
 <run-dir>/wandb; WANDB_MODE=offline keeps it there with no network (`wandb sync` uploads it later). The API key is
 wandb's own business: it reads WANDB_API_KEY from the environment; the trainer never reads, passes or logs it.
+An online run that W&B refuses or cannot reach (no network, a revoked key) falls back to an offline run in the
+same place, with one log line: the run's weights are loaded by then, and a run the restart playbook saw alive must
+not die minutes later for its metrics' sake (`wandb sync` uploads the offline run later).
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ def _numbers(prefix: str, row: dict) -> dict:
     return out
 
 
+def why(exc: Exception) -> str:
+    """The first line of wandb's error, without the API key should it ever quote it."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    key = os.environ.get("WANDB_API_KEY")
+    return line.replace(key, "***") if key else line
+
+
 class WandbLog:
     """One wandb run; every log call is keyed by the optimizer step (wandb drops steps that go back, so a
     late row is logged at the newest step seen)."""
@@ -54,17 +64,23 @@ class WandbLog:
         self._step = 0
 
     @classmethod
-    def open(cls, cfg: TrainConfig, layout=None) -> "WandbLog | None":
+    def open(cls, cfg: TrainConfig, say, layout=None) -> "WandbLog | None":
+        """The run, or None when W&B is not configured; `say` writes a line to the run's log."""
         project = wandb_project(cfg)
         if project is None:
             return None
         import wandb
         os.makedirs(cfg.run_dir, exist_ok=True)
-        run = wandb.init(project=project, dir=cfg.run_dir, name=os.path.basename(os.path.normpath(cfg.run_dir)),
-                         config={**cfg.to_dict(), **({"world": layout} if layout else {})},
-                         # train.log already holds stdout: no second copy, no wrapped streams in the trainer
-                         settings=wandb.Settings(console="off"))
-        return cls(run)
+        init = dict(project=project, dir=cfg.run_dir, name=os.path.basename(os.path.normpath(cfg.run_dir)),
+                    config={**cfg.to_dict(), **({"world": layout} if layout else {})},
+                    # train.log already holds stdout: no second copy, no wrapped streams in the trainer
+                    settings=wandb.Settings(console="off"))
+        try:
+            return cls(wandb.init(**init))
+        except wandb.errors.Error as exc:   # CommError: unreachable (after its init_timeout) or refused
+            say(f"W&B: online run refused or unreachable ({why(exc)}); logging offline under "
+                f"{os.path.join(cfg.run_dir, 'wandb')} instead (`wandb sync` uploads it later)")
+            return cls(wandb.init(**init, mode="offline"))
 
     def log(self, step: int, values: dict) -> None:
         if not values:
