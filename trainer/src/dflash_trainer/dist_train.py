@@ -253,8 +253,7 @@ def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_s
                 stop: threading.Event, nvml: NvmlTelemetry) -> None:
     from dflash_trainer.schedule import Schedule as LrSchedule
     from dflash_trainer.train import rng_state, training_drafter
-    d, D, T, accum, G = world.role_rank, world.num_drafter_ranks, world.num_target_ranks, cfg.grad_accum, \
-        cfg.grad_accum * world.num_drafter_ranks
+    d, D, T, accum = world.role_rank, world.num_drafter_ranks, world.num_target_ranks, cfg.grad_accum
     # free memory before the drafter is built here: the sharding choice counts its weights in
     free = torch.cuda.mem_get_info(world.device)[0] if world.device.type == "cuda" else None
     frozen = _Frozen(cfg.target_model)

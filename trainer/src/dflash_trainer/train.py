@@ -292,6 +292,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     pending = pending_snapshots(cfg)
     heartbeat.set_phase("training", step=step, epoch=loader.epoch)
     num_bad_in_row, budget_spent = 0, False
+    lr = amp = grad_norm = 0.0  # the last step's, written by write_metrics only once a step has run (window)
     t_clock = clock()
     while step < total_steps and loader.epoch < cfg.epochs and not stop.is_set():
         train_s = train_s0 + clock() - t_clock
