@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from ansible_helpers import module_result, run_project_playbook
+from harness.run_files import read_metrics
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -18,14 +19,6 @@ STEPS = 200  # long enough that the stop playbook (seconds of ansible start-up) 
 TRAIN = {"block_size": 4, "max_anchors": 16, "num_draft_layers": 1, "gamma": 4, "token_budget": 1024,
          "max_seq_len": 256, "max_batch_size": 4, "lr": 3e-3, "log_interval": 1, "heartbeat_interval": 0.2,
          "checkpoint_interval": 1000, "max_steps": STEPS, "epochs": 50}
-
-
-def metrics(run_dir):
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +60,7 @@ def test_stop_then_restart_resumes_at_the_saved_step_and_repeats_or_skips_no_bat
     try:
         first = play(tmp_path, "restart_training.yml", tiny)
         assert first["changed"] and [r["role"] for r in first["ranks"]] == ["target"] * 5 + ["drafter"] * 3
-        wait_for(lambda: len(metrics(run_dir)) >= 3, 180, "no third optimizer step within 180 s")
+        wait_for(lambda: len(read_metrics(run_dir)) >= 3, 180, "no third optimizer step within 180 s")
         stopped = play(tmp_path, "stop_training.yml", tiny)
         assert stopped["changed"] and stopped["stopped"][0]["signal"] == "SIGTERM", stopped
         with open(os.path.join(run_dir, "heartbeat.json")) as f:
@@ -79,14 +72,14 @@ def test_stop_then_restart_resumes_at_the_saved_step_and_repeats_or_skips_no_bat
         again = play(tmp_path, "restart_training.yml", tiny)
         assert again["changed"] and again["pid"] != first["pid"]
         wait_for(lambda: (json.load(open(os.path.join(run_dir, "heartbeat.json"))).get("phase") == "finished"
-                          and len(metrics(run_dir)) >= STEPS), 240, "the restarted job did not finish")
+                          and len(read_metrics(run_dir)) >= STEPS), 240, "the restarted job did not finish")
     finally:
         play(tmp_path, "stop_training.yml", tiny)
     log = open(os.path.join(run_dir, "train.log")).read()
     assert "at step %d" % saved in log and "resumed from" in log, log[-3000:]
-    rows = metrics(run_dir)
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    ref = {r["step"]: r for r in metrics(str(tiny / "ref"))}
+    ref = {r["step"]: r for r in read_metrics(str(tiny / "ref"))}
     for r in rows:
         assert r["data_crc"] == ref[r["step"]]["data_crc"], "step %d: other batches than the reference" % r["step"]
         assert abs(r["loss"] - ref[r["step"]]["loss"]) <= 1e-4 * max(1.0, abs(r["loss"])), (r, ref[r["step"]])

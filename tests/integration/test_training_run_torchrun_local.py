@@ -14,6 +14,7 @@ import pytest
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle, run_status
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
+from harness.run_files import read_metrics
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -66,14 +67,6 @@ def make_req(runs_root, tiny, **params):
     return run_config.build_request(p)
 
 
-def metrics_steps(run_dir):
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        return len([line for line in f if line.strip()])
-
-
 def test_restart_of_a_three_process_job_leaves_one_jobs_processes_and_stop_ends_them_all(runs_root, tiny):
     run_dir = str(runs_root / "r1")
     first = run_lifecycle.change(make_req(runs_root, tiny))
@@ -98,7 +91,7 @@ def test_restart_of_a_three_process_job_leaves_one_jobs_processes_and_stop_ends_
     status = run_status.status(make_req(runs_root, tiny, state="status"))
     assert status["alive"] is True and status["state"] == "running" and status["pid"] == agent
     assert [r["pid"] for r in status["ranks"]] == [r["pid"] for r in ranks]
-    wait_for(lambda: metrics_steps(run_dir) >= 2, 120, "no optimizer step within 120 s")
+    wait_for(lambda: len(read_metrics(run_dir)) >= 2, 120, "no optimizer step within 120 s")
     assert run_lifecycle.change(make_req(runs_root, tiny))["action"] == "noop"
 
     # forced restart: every rank gets SIGTERM, the drafters checkpoint, the job ends by itself, then the new one
@@ -123,7 +116,7 @@ def test_restart_of_a_three_process_job_leaves_one_jobs_processes_and_stop_ends_
              "the new job did not resume from the SIGTERM checkpoint %s" % ckpt)
 
     # stop: every process of the job goes, and the state says it checkpointed
-    wait_for(lambda: metrics_steps(run_dir) >= 1, 120, "no step of the second job")
+    wait_for(lambda: len(read_metrics(run_dir)) >= 1, 120, "no step of the second job")
     stopped = run_lifecycle.change(make_req(runs_root, tiny, state="stopped"))
     assert stopped["action"] == "stopped" and stopped["stopped"][0]["signal"] == "SIGTERM", stopped
     assert job_processes(run_dir) == set()
