@@ -11,8 +11,13 @@ import sys
 import pytest
 
 from ansible_helpers import module_result, run_project_playbook
-from harness.run_files import read_metrics
+from dflash_trainer.telemetry import read_jsonl
 from harness.waiting import wait_for
+
+
+def metrics(run_dir):
+    return read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+
 
 pytestmark = pytest.mark.slow
 STEPS = 200  # long enough that the stop playbook (seconds of ansible start-up) comes mid-run
@@ -60,7 +65,7 @@ def test_stop_then_restart_resumes_at_the_saved_step_and_repeats_or_skips_no_bat
     try:
         first = play(tmp_path, "restart_training.yml", tiny)
         assert first["changed"] and [r["role"] for r in first["ranks"]] == ["target"] * 5 + ["drafter"] * 3
-        wait_for(lambda: len(read_metrics(run_dir)) >= 3, 180, "no third optimizer step within 180 s")
+        wait_for(lambda: len(metrics(run_dir)) >= 3, 180, "no third optimizer step within 180 s")
         stopped = play(tmp_path, "stop_training.yml", tiny)
         assert stopped["changed"] and stopped["stopped"][0]["signal"] == "SIGTERM", stopped
         with open(os.path.join(run_dir, "heartbeat.json")) as f:
@@ -72,14 +77,14 @@ def test_stop_then_restart_resumes_at_the_saved_step_and_repeats_or_skips_no_bat
         again = play(tmp_path, "restart_training.yml", tiny)
         assert again["changed"] and again["pid"] != first["pid"]
         wait_for(lambda: (json.load(open(os.path.join(run_dir, "heartbeat.json"))).get("phase") == "finished"
-                          and len(read_metrics(run_dir)) >= STEPS), 240, "the restarted job did not finish")
+                          and len(metrics(run_dir)) >= STEPS), 240, "the restarted job did not finish")
     finally:
         play(tmp_path, "stop_training.yml", tiny)
     log = open(os.path.join(run_dir, "train.log")).read()
     assert "at step %d" % saved in log and "resumed from" in log, log[-3000:]
-    rows = read_metrics(run_dir)
+    rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    ref = {r["step"]: r for r in read_metrics(str(tiny / "ref"))}
+    ref = {r["step"]: r for r in metrics(str(tiny / "ref"))}
     for r in rows:
         assert r["data_crc"] == ref[r["step"]]["data_crc"], "step %d: other batches than the reference" % r["step"]
         assert abs(r["loss"] - ref[r["step"]]["loss"]) <= 1e-4 * max(1.0, abs(r["loss"])), (r, ref[r["step"]])

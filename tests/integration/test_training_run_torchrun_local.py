@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle, run_status
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
-from harness.run_files import read_metrics
+from dflash_trainer.telemetry import read_jsonl
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -91,7 +91,8 @@ def test_restart_of_a_three_process_job_leaves_one_jobs_processes_and_stop_ends_
     status = run_status.status(make_req(runs_root, tiny, state="status"))
     assert status["alive"] is True and status["state"] == "running" and status["pid"] == agent
     assert [r["pid"] for r in status["ranks"]] == [r["pid"] for r in ranks]
-    wait_for(lambda: len(read_metrics(run_dir)) >= 2, 120, "no optimizer step within 120 s")
+    wait_for(lambda: len(read_jsonl(os.path.join(run_dir, "metrics.jsonl"))) >= 2, 120,
+             "no optimizer step within 120 s")
     assert run_lifecycle.change(make_req(runs_root, tiny))["action"] == "noop"
 
     # forced restart: every rank gets SIGTERM, the drafters checkpoint, the job ends by itself, then the new one
@@ -116,7 +117,8 @@ def test_restart_of_a_three_process_job_leaves_one_jobs_processes_and_stop_ends_
              "the new job did not resume from the SIGTERM checkpoint %s" % ckpt)
 
     # stop: every process of the job goes, and the state says it checkpointed
-    wait_for(lambda: len(read_metrics(run_dir)) >= 1, 120, "no step of the second job")
+    wait_for(lambda: len(read_jsonl(os.path.join(run_dir, "metrics.jsonl"))) >= 1, 120,
+             "no step of the second job")
     stopped = run_lifecycle.change(make_req(runs_root, tiny, state="stopped"))
     assert stopped["action"] == "stopped" and stopped["stopped"][0]["signal"] == "SIGTERM", stopped
     assert job_processes(run_dir) == set()

@@ -49,6 +49,7 @@ if SRC not in sys.path:
 
 from dflash_trainer import cli  # noqa: E402  (stdlib only; torch is imported in main)
 from dflash_trainer import make_tiny  # noqa: E402  (stdlib only at import, like cli)
+from dflash_trainer.telemetry import read_jsonl  # noqa: E402  (stdlib only)
 from matmul_peak import measure_peak  # noqa: E402  (imports torch only when called)
 from preset_args import parse_with_preset  # noqa: E402
 
@@ -140,19 +141,6 @@ def write_data(path: str, num_sequences: int, seq_len: int, vocab: int) -> None:
 
 
 # --- running dflash-train ---
-
-def read_jsonl(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    rows = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
-    return rows
-
 
 def run_job(cmd: list[str], run_dir: str, log_path: str, done, timeout: float, env: dict) -> float:
     """Starts dflash-train, waits until done(run_dir) (its last measured row is in), then kills it if it still runs

@@ -27,6 +27,7 @@ import torch
 from dflash_trainer.evaluate import eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target
 from dflash_trainer.export import export_checkpoint
 from dflash_trainer.heartbeat import write_json_atomic  # a reader (the driver) never sees half a file
+from dflash_trainer.telemetry import read_jsonl  # the snapshots.jsonl dflash-train appends to
 
 SNAPSHOTS = os.path.join("train", "snapshots.jsonl")
 DONE = os.path.join("train", "done")
@@ -50,15 +51,6 @@ def write_settings(out: str, settings: dict) -> None:
 
 def mark_training_done(out: str) -> None:
     open(os.path.join(out, DONE), "w").close()
-
-
-def read_jsonl(path: str) -> list[dict]:
-    """The complete lines of a JSON-lines file another process appends to (a line still being written is left
-    for the next read)."""
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
 
 
 def listed_snapshots(out: str) -> list[dict]:

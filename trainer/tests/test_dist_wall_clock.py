@@ -16,6 +16,7 @@ import torch
 
 from trainer_testlib import read_heartbeat, read_metrics, start, torchrun_cmd
 from dflash_trainer.checkpoint import find_latest, load_checkpoint
+from dflash_trainer.telemetry import read_jsonl
 from dflash_trainer.wall_clock import CLOCK_TICK_ENV
 
 TICK = {CLOCK_TICK_ENV: "6"}
@@ -27,12 +28,6 @@ def run_job(tiny, out, log, *extra):
     proc = start(torchrun_cmd(tiny, out, 3, 1, *BUDGET, *extra), log, env=TICK)
     assert proc.wait(timeout=180) == 0, log.read_text()[-4000:]
     return proc, log.read_text()
-
-
-def read_jsonl(path):
-    import json
-    with open(path) as f:
-        return [json.loads(line) for line in f]
 
 
 @pytest.fixture(scope="module")

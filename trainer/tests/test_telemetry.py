@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd
-from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry
+from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, read_jsonl
 
 STEPS = 5
 KEY = "k3y-of-this-test-never-on-disk-0123456789abcdef"  # 40+ characters, as a real W&B key
@@ -38,6 +38,23 @@ def test_rows_of_several_processes_in_one_file_stay_whole(tmp_path):
         assert p.exitcode == 0
     rows = [json.loads(line) for line in open(path)]
     assert sorted((r["who"], r["i"]) for r in rows) == [(w, i) for w in range(4) for i in range(300)]
+
+
+def test_the_reader_returns_whole_rows_only(tmp_path):
+    """read_jsonl (what drivers, benchmarks and tests read run files with): nothing before the file exists; a row
+    still being written and the garbled line a cut-short write leaves behind are left out, the rest kept."""
+    path = tmp_path / "metrics.jsonl"
+    assert read_jsonl(path) == []
+    writer = JsonlWriter(str(path))
+    writer.write({"step": 1})
+    with open(path, "a") as f:
+        f.write('{"step": 2, "lo')            # a full disk cut this row short (JsonlWriter then raised)
+    writer.write({"step": 3})                 # ...so the next row lands on the same line
+    writer.write({"step": 4})
+    with open(path, "a") as f:
+        f.write('{"step": 5}')                # being written: no newline yet
+    writer.close()
+    assert read_jsonl(path) == [{"step": 1}, {"step": 4}]
 
 
 def test_without_nvml_telemetry_says_why_and_writes_nothing(tmp_path):

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+from dflash_trainer.telemetry import read_jsonl
+
 BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
 
 
@@ -67,11 +69,7 @@ def wait_for(predicate, timeout=90.0, interval=0.05, proc=None):
 
 
 def read_metrics(run_dir):
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
 
 
 def torchrun_cmd(tiny, out_dir, nproc, target_ranks, *extra):

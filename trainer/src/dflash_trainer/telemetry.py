@@ -16,6 +16,24 @@ import time
 from collections import defaultdict
 
 
+def read_jsonl(path) -> list[dict]:
+    """The rows a JsonlWriter has written so far: [] before the file exists; a line still being written (no newline
+    yet) or garbled by a write cut short (a full disk, see write) is left out. Drivers, benchmarks and tests read
+    the run's JSON-lines files with it."""
+    if not os.path.isfile(path):
+        return []
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
 class JsonlWriter:
     def __init__(self, path: str):
         self.path = path
