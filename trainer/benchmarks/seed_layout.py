@@ -42,8 +42,9 @@ SRC = os.path.join(HERE, "..", "src")
 if SRC not in sys.path:
     sys.path.insert(0, SRC)
 
-import pipeline  # noqa: E402  (read_jsonl, write_data, run_job, FLOP formulas)
+import pipeline  # noqa: E402  (write_data, run_job, FLOP formulas)
 from dflash_trainer import cli  # noqa: E402  (stdlib only)
+from dflash_trainer.telemetry import read_jsonl  # noqa: E402  (stdlib only)
 from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
 from preset_args import parse_with_preset  # noqa: E402
 
@@ -174,11 +175,11 @@ def run_split(t: int, d: int, place: list[str], base: list[str], spec: dict, wor
     print(f"job {t}:{d}: " + " ".join(cmd[1:8]) + " ...", flush=True)
 
     def done(path):  # every drafter rank has logged its last step
-        rows = pipeline.read_jsonl(os.path.join(path, "profile.jsonl"))
+        rows = read_jsonl(os.path.join(path, "profile.jsonl"))
         return len({r["rank"] for r in rows if r["role"] == "drafter" and r.get("step") == spec["steps"]
                     and r.get("step_s") is not None}) == d
     wall = pipeline.run_job(cmd, run_dir, os.path.join(work, f"{name}.log"), done, spec["timeout"], env)
-    rates = stage_rates(pipeline.read_jsonl(os.path.join(run_dir, "profile.jsonl")), spec["warmup"])
+    rates = stage_rates(read_jsonl(os.path.join(run_dir, "profile.jsonl")), spec["warmup"])
     # which linear-attention code ran: transformers logs each kernel it replaces by its torch reference code
     with open(os.path.join(work, f"{name}.log"), errors="replace") as f:
         fallbacks = sorted({line.strip() for line in f if "falling back" in line.lower()})

@@ -4,7 +4,8 @@ On when --wandb-project is given or WANDB_PROJECT is set; off otherwise, and the
 the optional extra dflash_trainer[wandb]). One process of a job logs (the single process, or the first drafter rank
 under torchrun, which holds the metrics and reads every rank's profile from the job's store). The run goes under
 <run-dir>/wandb; WANDB_MODE=offline keeps it there with no network (`wandb sync` uploads it later). The API key is
-wandb's own business: it reads WANDB_API_KEY from the environment; the trainer never reads, passes or logs it.
+wandb's own business: it reads WANDB_API_KEY from the environment; the trainer never passes or logs it (it reads
+it only to mask it out of the one line it logs from a wandb error).
 An online run that W&B refuses or cannot reach (no network, a revoked key) falls back to an offline run in the
 same place, with one log line: the run's weights are loaded by then, and a run the restart playbook saw alive must
 not die minutes later for its metrics' sake (`wandb sync` uploads the offline run later).
