@@ -76,6 +76,13 @@ def init_pid(name: str) -> int | None:
     return int(out) if out.isdigit() else None
 
 
+# lxc-attach re-executes itself from a memfd before it does anything; on this host that step has failed at
+# random ("Device or resource busy - Failed to rexec as memfd", then glibc's abort: exit -6; once in a CI run,
+# writing a file into a fresh clone). The command never ran, so running lxc-attach again is safe.
+REXEC_FAILURE = "Failed to rexec as memfd"
+REXEC_RETRIES = 2
+
+
 def attach(name: str, *cmd: str, check: bool = True, timeout: float = 600, env: dict | None = None,
            input: str | None = None) -> subprocess.CompletedProcess:
     argv = ["lxc-attach", "-n", name, "--clear-env"]
@@ -85,9 +92,12 @@ def attach(name: str, *cmd: str, check: bool = True, timeout: float = 600, env: 
     for k, v in base_env.items():
         argv += ["-v", f"{k}={v}"]
     argv += ["--", *cmd]
-    p = subprocess.run(argv, check=False, timeout=timeout, text=True, input=input,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       stdin=None if input is not None else subprocess.DEVNULL)
+    for _ in range(REXEC_RETRIES + 1):
+        p = subprocess.run(argv, check=False, timeout=timeout, text=True, input=input,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           stdin=None if input is not None else subprocess.DEVNULL)
+        if not (p.returncode < 0 and REXEC_FAILURE in p.stderr):
+            break
     if check and p.returncode != 0:
         raise RuntimeError(f"in container {name}: {cmd!r} exited {p.returncode}\n"
                            f"stdout: {p.stdout[-2000:]}\nstderr: {p.stderr[-3000:]}")
