@@ -68,8 +68,8 @@ def test_tarball_holds_the_collection_and_the_trainer_source(installed):
     names = _tar_files(tarball)
     missing = [n for n in REQUIRED if n not in names]
     assert not missing, missing
-    for pattern in ["plugins/modules/*.py", "playbooks/*.yml", "trainer/src/dflash_trainer/*.py"]:
-        expected = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern))}
+    for pattern in ["plugins/modules/*.py", "playbooks/*.yml", "trainer/src/dflash_trainer/**/*.py"]:
+        expected = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)}
         assert expected and expected <= names, (pattern, sorted(expected - names))
     # The installed copy is the tarball.
     on_disk = {os.path.relpath(os.path.join(d, f), str(root)) for d, _, files in os.walk(str(root)) for f in files}

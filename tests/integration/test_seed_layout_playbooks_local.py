@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ansible_helpers import module_result, run_project_playbook
-from dflash_trainer.telemetry import read_jsonl
+from dflash_trainer.telemetry.writers import read_jsonl
 from harness.waiting import wait_for
 
 
@@ -29,7 +29,7 @@ TRAIN = {"block_size": 4, "max_anchors": 16, "num_draft_layers": 1, "gamma": 4, 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("hybrid")
-    subprocess.run([sys.executable, "-m", "dflash_trainer.make_tiny", "--family", "qwen3_5", "--target-dir",
+    subprocess.run([sys.executable, "-m", "dflash_trainer.prep.make_tiny", "--family", "qwen3_5", "--target-dir",
                     str(root / "target"), "--data-dir", str(root / "data"), "--num-sequences", "96"],
                    check=True, capture_output=True)
     # the uninterrupted reference: one process, 3 micro-batches per step (= 3 drafter ranks x 1)

@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle, run_status
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
-from dflash_trainer.telemetry import read_jsonl
+from dflash_trainer.telemetry.writers import read_jsonl
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ NPROC = 3
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, "-m", "dflash_trainer.make_tiny", "--target-dir", str(root / "target"),
+    subprocess.run([sys.executable, "-m", "dflash_trainer.prep.make_tiny", "--target-dir", str(root / "target"),
                     "--data-dir", str(root / "data"), "--num-sequences", "96"], check=True, capture_output=True)
     return root
 

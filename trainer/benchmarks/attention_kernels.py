@@ -24,8 +24,8 @@ import time
 import torch
 
 from dflash_trainer import cli
-from dflash_trainer.blocks import build_mask, sample_anchors
-from dflash_trainer.drafter import attend
+from dflash_trainer.model.blocks import build_mask, sample_anchors
+from dflash_trainer.model.drafter import attend
 from matmul_peak import benchmark_device
 from preset_args import parse_with_preset
 from timing import timed_calls

@@ -115,7 +115,7 @@ launch)
     for t in "$S"/data*.tar; do
         [ -f "$t" ] && mkdir -p "$S/proof" && tar -C "$S/proof" -xf "$t" && echo "regenerated data carried in: $t"
     done
-    python3 -m dflash_trainer.smollm2 --gguf "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$S/smollm2" \
+    python3 -m dflash_trainer.prep.smollm2 --gguf "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$S/smollm2" \
         2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6
     shift

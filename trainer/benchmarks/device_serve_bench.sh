@@ -21,7 +21,7 @@ if [ ! -f "$S/smollm2/dflash_smollm2.json" ]; then
         | sha256sum -c || exit 5
     [ -d "$S/site/gguf" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --target "$S/site" .artifacts/dev-b/gguf-*.whl || exit 4
-    python3 -m dflash_trainer.smollm2 --gguf "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$S/smollm2" \
+    python3 -m dflash_trainer.prep.smollm2 --gguf "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$S/smollm2" \
         2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6
 fi

@@ -48,8 +48,8 @@ if SRC not in sys.path:
     sys.path.insert(0, SRC)
 
 from dflash_trainer import cli  # noqa: E402  (stdlib only; torch is imported in main)
-from dflash_trainer import make_tiny  # noqa: E402  (stdlib only at import, like cli)
-from dflash_trainer.telemetry import read_jsonl  # noqa: E402  (stdlib only)
+from dflash_trainer.prep import make_tiny  # noqa: E402  (stdlib only at import, like cli)
+from dflash_trainer.telemetry.writers import read_jsonl  # noqa: E402  (stdlib only)
 from matmul_peak import measure_peak  # noqa: E402  (imports torch only when called)
 from preset_args import parse_with_preset  # noqa: E402
 
@@ -279,8 +279,8 @@ def drafter_flop_per_micro_batch(torch, drafter_cfg, data_dir: str, train: dict)
     """train_step.flop_estimate over one micro-batch of this data (its anchors drawn as the trainer draws them)."""
     from train_step import flop_estimate
 
-    from dflash_trainer.blocks import sample_anchors
-    from dflash_trainer.data import TokenizedDataset, collate
+    from dflash_trainer.model.blocks import sample_anchors
+    from dflash_trainer.data.batches import TokenizedDataset, collate
     dataset = TokenizedDataset(data_dir, train["max_seq_len"])
     per_batch = max(1, min(train["token_budget"] // train["max_seq_len"], train["max_batch_size"]))
     batch = collate(dataset, list(range(per_batch)))
@@ -355,7 +355,7 @@ def main(argv=None) -> int:
               f"{per_batch} per micro-batch", flush=True)
 
         from dflash_trainer.config import default_target_layer_ids
-        from dflash_trainer.drafter import DrafterConfig
+        from dflash_trainer.model.drafter import DrafterConfig
         layer_ids = default_target_layer_ids(shape["layers"], train["num_target_taps"])
         drafter_cfg = DrafterConfig.from_target(made["config"], train["num_draft_layers"], layer_ids,
                                                 train["block_size"], shape["vocab"] - 1)

@@ -24,10 +24,10 @@ import time
 
 import torch
 
-from dflash_trainer.evaluate import eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target
-from dflash_trainer.export import export_checkpoint
-from dflash_trainer.heartbeat import write_json_atomic  # a reader (the driver) never sees half a file
-from dflash_trainer.telemetry import read_jsonl  # the snapshots.jsonl dflash-train appends to
+from dflash_trainer.eval.evaluate import eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target
+from dflash_trainer.export.exporter import export_checkpoint
+from dflash_trainer.telemetry.heartbeat import write_json_atomic  # a reader (the driver) never sees half a file
+from dflash_trainer.telemetry.writers import read_jsonl  # the snapshots.jsonl dflash-train appends to
 
 SNAPSHOTS = os.path.join("train", "snapshots.jsonl")
 DONE = os.path.join("train", "done")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from dflash_trainer.heartbeat import write_json_atomic
+from dflash_trainer.telemetry.heartbeat import write_json_atomic
 
 
 def write_results(out: str, results: dict) -> None:

@@ -47,7 +47,7 @@ import torch
 
 from dflash_trainer import cli
 from dflash_trainer.config import find_mask_token_id
-from dflash_trainer.prepare_data import prepare
+from dflash_trainer.prep.prepare_data import prepare
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder is not a package
 import proof_eval  # noqa: E402
@@ -61,8 +61,8 @@ def log(msg: str) -> None:
 
 
 def setup_tiny(out: str, num_chats: int) -> tuple[str, str]:
-    from dflash_trainer.make_tiny import write_target
-    from dflash_trainer.tiny_tokenizer import save_tokenizer, synthetic_chats
+    from dflash_trainer.prep.make_tiny import write_target
+    from dflash_trainer.prep.tiny_tokenizer import save_tokenizer, synthetic_chats
     target = os.path.join(out, "tiny_target")
     if not os.path.isfile(os.path.join(target, "config.json")):
         write_target(target, seed=0)
@@ -149,7 +149,7 @@ def mask_token_for(target: str, flag: int | None) -> tuple[int, str]:
     marker = os.path.join(target, "dflash_smollm2.json")
     if os.path.isfile(marker):
         info = json.load(open(marker))
-        return int(info["mask_token_id"]), f"{info['mask_token']} (dflash_trainer.smollm2)"
+        return int(info["mask_token_id"]), f"{info['mask_token']} (dflash_trainer.prep.smollm2)"
     found = find_mask_token_id(target)
     if found is None:
         raise ValueError("no mask token known for this target; pass --mask-token-id")
@@ -291,7 +291,7 @@ def run(args, train_argv: list[str], cfg) -> int:
     mask_id, mask_src = mask_token_for(args.target_model, cfg.mask_token_id)
     cfg = dataclasses.replace(cfg, mask_token_id=mask_id)
     if cfg.init_drafter:  # a wrong warm start is refused (by dflash-train's own check) before anything is written
-        from dflash_trainer.train import drafter_config_for, initial_weights
+        from dflash_trainer.loop.train import drafter_config_for, initial_weights
         initial_weights(cfg.init_drafter, drafter_config_for(cfg)[2])
     shared = data_root != out
     train_prompts, eval_prompts, n_train = split_prompts(args.prompts, data_root, args.num_eval, cfg.seed, shared)

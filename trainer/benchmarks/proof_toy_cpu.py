@@ -26,10 +26,10 @@ sys.path.insert(0, HERE)
 import proof_smollm2  # noqa: E402
 
 from dflash_trainer import cli  # noqa: E402
-from dflash_trainer.data import TokenizedDataset, collate  # noqa: E402
-from dflash_trainer.make_tiny import write_target  # noqa: E402
-from dflash_trainer.prepare_data import prepare  # noqa: E402
-from dflash_trainer.tiny_tokenizer import save_tokenizer, synthetic_chats  # noqa: E402
+from dflash_trainer.data.batches import TokenizedDataset, collate  # noqa: E402
+from dflash_trainer.prep.make_tiny import write_target  # noqa: E402
+from dflash_trainer.prep.prepare_data import prepare  # noqa: E402
+from dflash_trainer.prep.tiny_tokenizer import save_tokenizer, synthetic_chats  # noqa: E402
 
 
 def write_jsonl(path, rows):

@@ -44,7 +44,7 @@ if SRC not in sys.path:
 
 import pipeline  # noqa: E402  (write_data, run_job, FLOP formulas)
 from dflash_trainer import cli  # noqa: E402  (stdlib only)
-from dflash_trainer.telemetry import read_jsonl  # noqa: E402  (stdlib only)
+from dflash_trainer.telemetry.writers import read_jsonl  # noqa: E402  (stdlib only)
 from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
 from preset_args import parse_with_preset  # noqa: E402
 
@@ -254,8 +254,8 @@ def write_inputs(torch, spec: dict, train: dict, device, work: str) -> dict:
     the same shape, data and drafter flags is reused (the 27B target takes minutes to write: one lease call
     writes it, the next ones time other splits)."""
     from dflash_trainer.config import default_target_layer_ids
-    from dflash_trainer.drafter import DrafterConfig
-    from dflash_trainer.make_tiny import qwen3_5_config, write_target
+    from dflash_trainer.model.drafter import DrafterConfig
+    from dflash_trainer.prep.make_tiny import qwen3_5_config, write_target
     per_batch = max(1, min(train["token_budget"] // spec["seq_len"], train["max_batch_size"]))
     # a preset's job on up to 8 drafter ranks in one epoch (--epochs is high: more steps repeat the data), and the
     # same data whatever --steps, so a --work-dir's target is reused by calls with other --steps

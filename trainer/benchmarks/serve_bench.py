@@ -8,7 +8,7 @@ compilation setting (--compile: torch.compile of the target's forward, used by b
 graphs on either path):
   plain        transformers' generate with the static KV cache where the model supports it (else dynamic);
                generate's own automatic compilation is off, so only --compile decides.
-  speculative  dflash_trainer.spec_decode.speculative_decode with the drafter (DFlashProposer), block B.
+  speculative  dflash_trainer.eval.spec_decode.speculative_decode with the drafter (DFlashProposer), block B.
 Printed: tokens/s of both, the speedup, τ, losslessness, and the speculative loop's per-step overhead (drafting,
 verify, bookkeeping; from a separate pass that synchronizes the GPU at each step's end, so the timed pass is
 unperturbed).
@@ -31,8 +31,8 @@ import time
 
 import torch
 
-from dflash_trainer.evaluate import add_decoding_args, eos_ids, load_drafter, load_prompts, load_target
-from dflash_trainer.spec_decode import DFlashProposer, reference_greedy, speculative_decode, summarize
+from dflash_trainer.eval.evaluate import add_decoding_args, eos_ids, load_drafter, load_prompts, load_target
+from dflash_trainer.eval.spec_decode import DFlashProposer, reference_greedy, speculative_decode, summarize
 
 PHASES = ("drafter", "verify", "bookkeeping")
 

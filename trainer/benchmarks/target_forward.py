@@ -5,7 +5,7 @@
     python trainer/benchmarks/target_forward.py --preset tiny-cpu                                  # CPU, seconds
 
 The target has random weights: a transformers Qwen3Config / Qwen3ForCausalLM of the preset's shape, written with
-save_pretrained (pipeline.write_target) and loaded by dflash_trainer.target.FrozenTarget exactly as dflash-train
+save_pretrained (pipeline.write_target) and loaded by dflash_trainer.model.target.FrozenTarget exactly as dflash-train
 loads --target-model (bf16 on CUDA, transformers' default attention). Each timed call is FrozenTarget's own
 forward on random ids: every hidden state kept (output_hidden_states), the taps returned, no logits (it runs the
 base model, not the head). A separate script, not a mode of train_step.py: another model, another loop, and
@@ -97,7 +97,7 @@ def forward_flop(shape: dict, layer_params: int) -> dict:
 def main(argv=None) -> int:
     args, s, train = parse_args(argv)
     import torch
-    from dflash_trainer.target import FrozenTarget
+    from dflash_trainer.model.target import FrozenTarget
 
     device = benchmark_device(train["device"], "target_forward.py", "use --preset tiny-cpu")
     try:  # dflash-train's own rule and refusal, before anything is written

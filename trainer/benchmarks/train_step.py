@@ -11,7 +11,7 @@ lm_head and random target features, so the 27B target's drafter shape runs on on
 The drafter's settings are dflash-train's own flags (--block-size, --max-anchors, --num-draft-layers,
 --num-target-taps, --gamma, --lr, --head-chunk-size, --use-soft-labels, ...), with dflash-train's defaults.
 
-The step is the trainer's own code (dflash_trainer.step.drafter_micro_batch): on CUDA bf16 autocast,
+The step is the trainer's own code (dflash_trainer.loop.step.drafter_micro_batch): on CUDA bf16 autocast,
 compiled flex_attention with a create_block_mask block mask, the frozen head chunked --head-chunk-size rows
 at a time. FLOPs (training = forward + backward):
   layers    3 x 2 x (Q x (q,o,MLP params) + (T+Q) x (k,v params)) per layer, + fc 3 x 2 x T x K*H x H
@@ -39,13 +39,13 @@ from profile_parts import PROFILE_STEPS, profile_steps
 from timing import device_sync, timed_calls
 
 from dflash_trainer import cli
-from dflash_trainer.blocks import sample_anchors
+from dflash_trainer.model.blocks import sample_anchors
 from dflash_trainer.config import check_fp8_setting
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.loss import head_chunk_rows
-from dflash_trainer.optimizer import drafter_adamw
-from dflash_trainer.step import derived_seed, drafter_micro_batch
-from dflash_trainer.train import prepare_drafter
+from dflash_trainer.loop.optimizer import drafter_adamw
+from dflash_trainer.loop.step import derived_seed, drafter_micro_batch
+from dflash_trainer.loop.train import prepare_drafter
 
 # The trainer flags this benchmark takes: dflash-train's own (declaration, defaults and checks in config.py).
 TRAIN_FLAGS = ("device", "block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "lr", "weight_decay",

@@ -19,7 +19,7 @@ _builtin_sys_intern()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from dflash_trainer.make_tiny import write_dataset, write_target  # noqa: E402
+from dflash_trainer.prep.make_tiny import write_dataset, write_target  # noqa: E402
 
 torch.set_num_threads(2)
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from dflash_trainer.blocks import (block_inputs, block_labels, dense_block_mask, flex_block_mask, sample_anchors,
+from dflash_trainer.model.blocks import (block_inputs, block_labels, dense_block_mask, flex_block_mask, sample_anchors,
                                    slot_weights)
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.loss import dflash_loss
 
 S = 4
@@ -163,7 +163,7 @@ def test_split_fc_is_identical():
 def test_tile_padding_leaves_the_loss_unchanged(lengths, max_anchors):
     """step.pad_to_tiles (on CUDA by default, for flex attention's fixed tiles) pads the context and the anchors
     (a batch of one stays one); no block may see the padding and padded anchors carry no loss, so loss and gradients equal the unpadded ones."""
-    from dflash_trainer.step import drafter_micro_batch
+    from dflash_trainer.loop.step import drafter_micro_batch
 
     torch.manual_seed(0)
     d = tiny_drafter(vocab=512, hidden=64, head_dim=16)
@@ -186,7 +186,7 @@ def test_tile_padding_leaves_the_loss_unchanged(lengths, max_anchors):
 
 
 def test_tile_padding_shapes():
-    from dflash_trainer.step import pad_to_tiles
+    from dflash_trainer.loop.step import pad_to_tiles
 
     ids, mask = torch.ones(2, 130, dtype=torch.long), torch.ones(2, 130, dtype=torch.bool)
     anchors, valid = torch.ones(2, 9, dtype=torch.long), torch.ones(2, 9, dtype=torch.bool)

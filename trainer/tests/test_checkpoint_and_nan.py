@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from trainer_testlib import read_metrics
-from dflash_trainer import train
-from dflash_trainer.checkpoint import find_latest, save_checkpoint
+from dflash_trainer.loop import train
+from dflash_trainer.loop.checkpoint import find_latest, save_checkpoint
 from dflash_trainer.cli import config_from_args
 from dflash_trainer.config import validate_paths
-from dflash_trainer.heartbeat import Heartbeat
+from dflash_trainer.telemetry.heartbeat import Heartbeat
 
 
 def _save(out, step, keep=2):
@@ -69,7 +69,7 @@ def test_too_many_nan_steps_in_a_row_halt(tiny, tmp_path, monkeypatch):
 def test_drafter_adamw_is_fused_on_cuda_only_and_its_state_moves_between_kinds():
     """One optimizer for dflash-train and the step benchmark: fused on CUDA (not for FSDP's DTensor shards),
     default elsewhere; a foreach optimizer's state loads into another built the same way."""
-    from dflash_trainer.optimizer import drafter_adamw
+    from dflash_trainer.loop.optimizer import drafter_adamw
     w = torch.nn.Parameter(torch.randn(4, 4))
     cpu = drafter_adamw([w], 1e-3, 0.01, "cpu")
     assert cpu.defaults["fused"] is None and cpu.defaults["lr"] == 1e-3 and cpu.defaults["weight_decay"] == 0.01

@@ -68,7 +68,7 @@ def test_data_without_loss_mask_refused(tiny, tmp_path):
 
 
 def test_entry_module_imports_no_torch():
-    code = ("import sys; import dflash_trainer.cli, dflash_trainer.config, dflash_trainer.heartbeat; "
+    code = ("import sys; import dflash_trainer.cli, dflash_trainer.config, dflash_trainer.telemetry.heartbeat; "
             "heavy = [m for m in ('torch', 'transformers', 'numpy', 'pyarrow') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
     result = _run([sys.executable, "-c", code])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer_testlib import read_heartbeat, train_cmd
-from dflash_trainer.blocks import block_inputs, dense_block_mask, flex_block_mask
+from dflash_trainer.model.blocks import block_inputs, dense_block_mask, flex_block_mask
 from test_blocks import tiny_drafter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -33,7 +33,7 @@ def test_flex_matches_dense_on_cuda():
 def test_tuned_flex_tiles_match_dense_attention_forward_and_backward_on_cuda():
     """head_dim 256 takes drafter.FLEX_KERNEL_OPTIONS on Hopper (tiles chosen for speed by
     benchmarks/attention_kernels.py): output and q/k/v gradients equal dense SDPA's on the same mask (fp32)."""
-    from dflash_trainer.drafter import attend, flex_kernel_options
+    from dflash_trainer.model.drafter import attend, flex_kernel_options
     g = torch.Generator(device="cuda").manual_seed(0)
     T, S, A = 512, 32, 16
     anchors = torch.sort(torch.randperm(T - 1, device="cuda", generator=g)[:A]).values[None]
@@ -110,9 +110,9 @@ def test_compiled_layers_train_through_changing_batch_shapes_on_cuda():
     compiling after the first few."""
     from types import SimpleNamespace
 
-    from dflash_trainer.drafter import DrafterConfig
-    from dflash_trainer.step import drafter_micro_batch
-    from dflash_trainer.train import training_drafter
+    from dflash_trainer.model.drafter import DrafterConfig
+    from dflash_trainer.loop.step import drafter_micro_batch
+    from dflash_trainer.loop.train import training_drafter
     torch.manual_seed(0)
     cfg = DrafterConfig(hidden_size=576, num_hidden_layers=5, num_attention_heads=9, num_key_value_heads=3,
                         head_dim=64, intermediate_size=1536, vocab_size=49152, target_layer_ids=[1, 8, 14, 20, 27],
@@ -234,7 +234,7 @@ def _sdpa_choices_for_verify_blocks():
 def test_decoding_keeps_sdpa_off_cudnn_on_cuda(tiny):
     """load_target on CUDA takes cuDNN out of SDPA's choice, so a masked verify block over a growing cache pays
     no per-shape plan build. The choice with cuDNN allowed is printed for the record."""
-    from dflash_trainer.evaluate import load_target
+    from dflash_trainer.eval.evaluate import load_target
     was = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dflash_trainer.data import BatchLoader, TokenizedDataset, plan_epoch
+from dflash_trainer.data.batches import BatchLoader, TokenizedDataset, plan_epoch
 
 
 def _write(tmp_path, lengths):

@@ -14,7 +14,7 @@ import pytest
 
 from trainer_testlib import (alive, dir_bytes, fill, rank_pids, read_heartbeat, read_metrics, small_tmpfs, start,
                              torchrun_cmd, wait_for)
-from dflash_trainer.checkpoint import checkpoints_dir, find_latest, load_checkpoint
+from dflash_trainer.loop.checkpoint import checkpoints_dir, find_latest, load_checkpoint
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from trainer_testlib import read_metrics, start, torchrun_cmd, train_cmd
-from dflash_trainer.checkpoint import find_latest, load_checkpoint
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
 
 STEPS = 12
 

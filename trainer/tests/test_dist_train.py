@@ -10,8 +10,8 @@ import time
 import pytest
 
 from trainer_testlib import alive, rank_pids, read_heartbeat, read_metrics, start, torchrun_cmd, train_cmd, wait_for
-from dflash_trainer.checkpoint import find_latest
-from dflash_trainer.hs_queue import HiddenStateQueue, QueueClosed
+from dflash_trainer.loop.checkpoint import find_latest
+from dflash_trainer.distributed.hs_queue import HiddenStateQueue, QueueClosed
 
 STEPS = 24
 
@@ -90,9 +90,9 @@ def test_queue_memory_check_refuses_with_the_numbers(tmp_path, monkeypatch):
     import torch
 
     from dflash_trainer.config import StartupError, TrainConfig
-    from dflash_trainer.dist_train import check_queue_memory
-    from dflash_trainer.dist_world import World
-    from dflash_trainer.hs_queue import batch_tap_bytes
+    from dflash_trainer.distributed.dist_train import check_queue_memory
+    from dflash_trainer.distributed.world import World
+    from dflash_trainer.distributed.hs_queue import batch_tap_bytes
     # the seed's settings: 49,152 tokens x 5 layers x 5,120 x 2 bytes ~ 2.5 GB a micro-batch, 90 -> ~226 GB
     seed = batch_tap_bytes(49152, 5, 5120, soft_labels=False, on_cuda=True)
     assert seed == 49152 * 5 * 5120 * 2 and round(90 * seed / 1e9, 1) == 226.5

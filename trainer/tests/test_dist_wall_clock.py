@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from trainer_testlib import read_heartbeat, read_metrics, start, torchrun_cmd
-from dflash_trainer.checkpoint import find_latest, load_checkpoint
-from dflash_trainer.telemetry import read_jsonl
-from dflash_trainer.wall_clock import CLOCK_TICK_ENV
+from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
+from dflash_trainer.telemetry.writers import read_jsonl
+from dflash_trainer.loop.wall_clock import CLOCK_TICK_ENV
 
 TICK = {CLOCK_TICK_ENV: "6"}
 BUDGET = ("--epochs", "1000", "--keep-checkpoints", "1", "--hs-queue-depth", "3", "--hs-queue-min-ready", "2",

@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dflash_trainer.checkpoint import save_checkpoint
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.export import export_checkpoint
+from dflash_trainer.loop.checkpoint import save_checkpoint
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.export.exporter import export_checkpoint
 
 SGLANG = "sgl-project/sglang@v0.5.23"
 VLLM = "vllm-project/vllm@v0.33.0 (4ba787ec9)"

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from dflash_trainer.checkpoint import save_checkpoint
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.evaluate import check_lossless, main
-from dflash_trainer.export import export_checkpoint
-from dflash_trainer.make_tiny import MASK_ID
+from dflash_trainer.loop.checkpoint import save_checkpoint
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.eval.evaluate import check_lossless, main
+from dflash_trainer.export.exporter import export_checkpoint
+from dflash_trainer.prep.make_tiny import MASK_ID
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_check_lossless_names_the_first_difference():
 
 def test_plan_free_attention_changes_sdpa_only_for_cuda():
     """Decoding on CUDA turns cuDNN SDPA off for the process (per-shape plan builds); on the CPU nothing changes."""
-    from dflash_trainer.decode_attention import use_plan_free_attention
+    from dflash_trainer.eval.decode_attention import use_plan_free_attention
     was = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)

@@ -6,11 +6,11 @@ import os
 import torch
 from safetensors.torch import load_file
 
-from dflash_trainer.blocks import block_inputs, dense_block_mask
-from dflash_trainer.checkpoint import save_checkpoint
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.export import export_checkpoint, load_exported_drafter
-from dflash_trainer.target import FrozenTarget
+from dflash_trainer.model.blocks import block_inputs, dense_block_mask
+from dflash_trainer.loop.checkpoint import save_checkpoint
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.export.exporter import export_checkpoint, load_exported_drafter
+from dflash_trainer.model.target import FrozenTarget
 
 
 def _checkpoint(tiny, tmp_path):
@@ -64,7 +64,7 @@ def test_export_round_trip_identical_logits(tiny, tmp_path):
 
 
 def test_export_cli_refuses_bad_checkpoint(tiny, tmp_path):
-    from dflash_trainer.export import main
+    from dflash_trainer.export.exporter import main
     assert main(["--checkpoint", str(tmp_path), "--target-model", tiny["target"], "--out", str(tmp_path / "x")]) == 2
     assert not os.path.exists(tmp_path / "x" / "config.json")
 
@@ -91,7 +91,7 @@ def test_export_loads_with_transformers_alone(tiny, tmp_path, monkeypatch):
     export_checkpoint(str(tmp_path / "out"), tiny["target"], str(tmp_path / "e"), dtype="float32")
     model = AutoModel.from_pretrained(str(tmp_path / "e"), trust_remote_code=True, local_files_only=True,
                                       dtype=torch.float32).eval()
-    assert type(model).__module__ != "dflash_trainer.modeling_dflash"  # the copy beside the weights
+    assert type(model).__module__ != "dflash_trainer.model.modeling_dflash"  # the copy beside the weights
     ids = torch.randint(0, 500, (1, 20))
     taps, _ = target(ids)
     block = torch.tensor([[ids[0, -1].item(), 511, 511, 511]])

@@ -25,9 +25,9 @@ TRAINER = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FP8_CHECK = r"""
 import json, sys, torch
 from torch import nn
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.float8 import float8_layers
-from dflash_trainer.step import drafter_micro_batch
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.model.float8 import float8_layers
+from dflash_trainer.loop.step import drafter_micro_batch
 
 def drafter():
     torch.manual_seed(0)
@@ -104,7 +104,7 @@ def test_fp8_layers_without_torchao_is_refused_in_one_line_before_anything_loads
     heartbeat = read_heartbeat(out)
     assert heartbeat["phase"] == "failed" and heartbeat["error"] == lines[0].split("error: ", 1)[1]
 
-    from dflash_trainer.float8 import float8_layers  # the benchmark's direct call has the same guard
+    from dflash_trainer.model.float8 import float8_layers  # the benchmark's direct call has the same guard
     from test_blocks import tiny_drafter
     with pytest.raises(RuntimeError,
                        match=r"^DFLASH_FP8_LAYERS \(rowwise\) needs torchao .*pip install 'dflash_trainer\[fp8\]'"):
@@ -132,7 +132,7 @@ def test_fp8_layers_unknown_recipe_is_refused_in_one_line(tiny, tmp_path):
 ])
 def test_auto_puts_the_layers_in_fp8_where_it_pays_and_says_why(setting, device, capability, hidden, torchao,
                                                                  expected):
-    from dflash_trainer.float8 import choose_fp8
+    from dflash_trainer.model.float8 import choose_fp8
     recipe, why = choose_fp8(setting, device, capability, hidden, torchao)
     assert recipe == expected, why
     assert why.startswith(f"FP8 {expected} (" if expected else "bf16 ("), why

@@ -12,8 +12,8 @@ import re
 import pytest
 
 from trainer_testlib import dir_bytes, fill, read_heartbeat, read_metrics, small_tmpfs, start, train_cmd, wait_for
-from dflash_trainer.checkpoint import checkpoints_dir, find_latest, load_checkpoint
-from dflash_trainer.heartbeat import RESERVE_NAME, Heartbeat
+from dflash_trainer.loop.checkpoint import checkpoints_dir, find_latest, load_checkpoint
+from dflash_trainer.telemetry.heartbeat import RESERVE_NAME, Heartbeat
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 

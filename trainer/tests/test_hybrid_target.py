@@ -13,7 +13,7 @@ import torch
 
 from trainer_testlib import read_metrics, start, torchrun_cmd, train_cmd
 from test_dist_train import _close_to, losses
-from dflash_trainer.make_tiny import write_dataset, write_target
+from dflash_trainer.prep.make_tiny import write_dataset, write_target
 
 STEPS = 12
 
@@ -41,7 +41,7 @@ def test_saved_as_the_27b_checkpoints_are_and_loaded_as_the_text_model(hybrid):
     assert saved["model_type"] == "qwen3_5" and saved["architectures"] == ["Qwen3_5ForConditionalGeneration"]
     assert saved["text_config"]["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + \
         ["linear_attention"] * 3 + ["full_attention"]
-    from dflash_trainer.target import FrozenTarget
+    from dflash_trainer.model.target import FrozenTarget
     target = FrozenTarget(hybrid["target"], torch.device("cpu"), [1, 3, 5], need_last_hidden=False)
     assert type(target.model).__name__ == "Qwen3_5ForCausalLM"
     assert type(target.config).__name__ == "Qwen3_5TextConfig"
@@ -51,7 +51,7 @@ def test_saved_as_the_27b_checkpoints_are_and_loaded_as_the_text_model(hybrid):
 
 
 def test_taps_are_the_outputs_of_the_tapped_linear_and_full_attention_layers(hybrid):
-    from dflash_trainer.target import FrozenTarget
+    from dflash_trainer.model.target import FrozenTarget
     layer_ids = [1, 3, 5]  # linear, full, linear attention
     target = FrozenTarget(hybrid["target"], torch.device("cpu"), layer_ids, need_last_hidden=True)
     layers = target.model.model.layers

@@ -2,10 +2,10 @@
 
 import torch
 
-from dflash_trainer.data import BatchLoader, TokenizedDataset
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.step import drafter_micro_batch
-from dflash_trainer.target import FrozenTarget
+from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.loop.step import drafter_micro_batch
+from dflash_trainer.model.target import FrozenTarget
 
 
 def _loss_curve(tiny, soft, steps=40):

@@ -9,9 +9,9 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from dflash_trainer.data import TokenizedDataset
-from dflash_trainer.prepare_data import main, prepare
-from dflash_trainer.tiny_tokenizer import save_tokenizer, synthetic_chats
+from dflash_trainer.data.batches import TokenizedDataset
+from dflash_trainer.prep.prepare_data import main, prepare
+from dflash_trainer.prep.tiny_tokenizer import save_tokenizer, synthetic_chats
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_regenerated_greedy_rows_equal_the_targets_greedy_decode(chat_target, tm
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_trainer.spec_decode import reference_greedy
+    from dflash_trainer.eval.spec_decode import reference_greedy
     rows = synthetic_chats(2, seed=3)
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     out = str(tmp_path / "greedy")

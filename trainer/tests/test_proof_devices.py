@@ -30,7 +30,7 @@ def test_split_regeneration_training_and_eval_worker(tmp_path, capfd):
     # dflash-train trained on the regenerated data in its loader's order: each step one micro-batch
     # (--grad-accum 1 in the tiny flags), so the sequences of a snapshot are those of the first `step` batches
     last = result["snapshots"][-1]
-    from dflash_trainer.data import BatchLoader, TokenizedDataset
+    from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
     cfg = result["train_config"]
     assert cfg["data_dir"] == str(out / "data" / "all") and cfg["grad_accum"] == 1
     loader = BatchLoader(TokenizedDataset(cfg["data_dir"], cfg["max_seq_len"]), cfg["seed"], cfg["token_budget"],

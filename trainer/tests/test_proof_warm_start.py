@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainer_testlib import load_benchmark
-from dflash_trainer import train
+from dflash_trainer.loop import train
 
 
 @pytest.mark.timeout(600)

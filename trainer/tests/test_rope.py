@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from dflash_trainer.blocks import block_inputs, dense_block_mask
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig, apply_rope, rope_cos_sin
+from dflash_trainer.model.blocks import block_inputs, dense_block_mask
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig, apply_rope, rope_cos_sin
 
 ROPES = {
     "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -84,7 +84,7 @@ def test_default_rope_keeps_no_rope_parameters(tiny):
 @pytest.mark.parametrize("name", ["llama3", "default-quarter"])
 def test_training_forward_uses_target_rope_and_export_declares_it(name, tmp_path):
     """The drafter's forward (the one training runs) applies the target's rope; the export says so."""
-    from dflash_trainer.export import export_config
+    from dflash_trainer.export.exporter import export_config
     config = _targets()[name][0]
     cfg = _drafter_cfg(config)
     torch.manual_seed(0)
@@ -112,9 +112,9 @@ def test_export_of_a_scaled_rope_round_trips(name, tmp_path, monkeypatch):
     """The export's config gives back the trained DrafterConfig, and transformers alone gives its logits."""
     from transformers import AutoModel
 
-    from dflash_trainer.checkpoint import save_checkpoint
-    from dflash_trainer.export import export_checkpoint
-    from dflash_trainer.modeling_dflash import drafter_config_from_export
+    from dflash_trainer.loop.checkpoint import save_checkpoint
+    from dflash_trainer.export.exporter import export_checkpoint
+    from dflash_trainer.model.modeling_dflash import drafter_config_from_export
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     config = _targets()[name][0]
     target_dir = tmp_path / "target"

@@ -7,7 +7,7 @@ import signal
 import torch
 
 from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd, wait_for
-from dflash_trainer.checkpoint import find_latest, load_checkpoint
+from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
 
 
 def _latest_step(out):

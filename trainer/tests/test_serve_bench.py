@@ -6,15 +6,15 @@ import pytest
 import torch
 from trainer_testlib import load_benchmark
 
-from dflash_trainer.checkpoint import save_checkpoint
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.export import export_checkpoint
+from dflash_trainer.loop.checkpoint import save_checkpoint
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.export.exporter import export_checkpoint
 
 
 @pytest.fixture(scope="module")
 def export_and_prompts(tiny, tmp_path_factory):
     from transformers import AutoConfig
-    from dflash_trainer.make_tiny import make_sequences
+    from dflash_trainer.prep.make_tiny import make_sequences
     root = tmp_path_factory.mktemp("serve")
     cfg = DrafterConfig.from_target(AutoConfig.from_pretrained(tiny["target"]), 1, [1, 3, 5], block_size=4,
                                     mask_token_id=511)

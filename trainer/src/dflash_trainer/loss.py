@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dflash_trainer.blocks import block_labels, slot_weights
+from dflash_trainer.model.blocks import block_labels, slot_weights
 from dflash_trainer.config import HEAD_CHUNK_BYTES, HEAD_CHUNK_MAX_ROWS
 
 

@@ -5,7 +5,7 @@
 """Disk space a launch needs, checked before anything is stopped; where a run's last checkpoint is.
 
 The trainer's checkpoints live in <--output-dir>/checkpoints/ (step-N directories and a `latest` file naming the
-newest complete one; trainer/src/dflash_trainer/checkpoint.py), or under the run directory when the command has
+newest complete one; trainer/src/dflash_trainer/loop/checkpoint.py), or under the run directory when the command has
 no --output-dir (the stand-in trainer of the tests). It keeps --keep-checkpoints of them (the trainer's default:
 3) and writes the next one before pruning, so keep+1 exist at its peak. Part of the in-container package.
 """

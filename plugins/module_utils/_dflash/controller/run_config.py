@@ -110,7 +110,7 @@ def _either(counts):
 
 
 def world_layout(trainer_args, nproc):
-    """Which rank is target or drafter, on which GPUs, by the trainer's rule (dflash_trainer.dist_world.plan_layout):
+    """Which rank is target or drafter, on which GPUs, by the trainer's rule (dflash_trainer.distributed.world.plan_layout):
     on GPUs, target_gpus cut into groups of target_gpus_per_rank consecutive GPUs, a target rank each (leftover
     GPUs idle), then a drafter rank per drafter GPU; on the CPU (both lists empty, or device cpu) target_ranks
     target ranks, then the rest. Refuses a process count the trainer would refuse. None where the flags leave the

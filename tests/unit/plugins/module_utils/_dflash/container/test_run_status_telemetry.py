@@ -1,5 +1,5 @@
 """run_status.status on a run dir whose heartbeat.json and telemetry.jsonl are written by the trainer's own writers
-(dflash_trainer.heartbeat.Heartbeat, dflash_trainer.telemetry.NvmlTelemetry): per-GPU utilization from the last
+(dflash_trainer.telemetry.heartbeat.Heartbeat, dflash_trainer.telemetry.writers.NvmlTelemetry): per-GPU utilization from the last
 telemetry rows, the hidden-state queue's depth, and the slowest rank from the heartbeat's `ranks`.
 
 This machine has no NVIDIA driver, so NvmlTelemetry reads a stand-in `pynvml` module (the calls it makes, with
@@ -15,8 +15,8 @@ import pytest
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import job_ranks, run_status
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
 
-heartbeat = pytest.importorskip("dflash_trainer.heartbeat")
-telemetry = pytest.importorskip("dflash_trainer.telemetry")
+heartbeat = pytest.importorskip("dflash_trainer.telemetry.heartbeat")
+telemetry = pytest.importorskip("dflash_trainer.telemetry.writers")
 
 
 def standin_pynvml(readings):

@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from dflash_trainer.decode_attention import use_plan_free_attention
-from dflash_trainer.spec_decode import (DFlashProposer, PromptLookupProposer, reference_greedy,
+from dflash_trainer.eval.decode_attention import use_plan_free_attention
+from dflash_trainer.eval.spec_decode import (DFlashProposer, PromptLookupProposer, reference_greedy,
                                         speculative_decode, summarize)
 
 PROG = "dflash-eval"
@@ -57,9 +57,9 @@ def eos_ids(target_dir: str, model, tokenizer) -> set[int]:
 
 def load_drafter(path: str, target, device: torch.device, dtype: torch.dtype):
     """Export dir, checkpoints/step-N dir, or training output dir -> a DFlashDrafter with the target's tables."""
-    from dflash_trainer.checkpoint import find_latest, load_checkpoint
-    from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-    from dflash_trainer.export import load_exported_drafter
+    from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
+    from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from dflash_trainer.export.exporter import load_exported_drafter
 
     config_path = os.path.join(path, "config.json")
     if os.path.isfile(config_path) and "dflash_config" in json.load(open(config_path)):

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from dflash_trainer.checkpoint import FILES as CHECKPOINT_FILES
+from dflash_trainer.loop.checkpoint import FILES as CHECKPOINT_FILES
 from dflash_trainer.config import TrainConfig, snapshot_name
-from dflash_trainer.step import derived_seed, drafter_micro_batch
+from dflash_trainer.loop.step import derived_seed, drafter_micro_batch
 
 CLOCK_TICK_ENV = "DFLASH_DEBUG_CLOCK_TICK_S"
 

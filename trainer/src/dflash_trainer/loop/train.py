@@ -19,19 +19,19 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from dflash_trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids
-from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.export import drafter_config_from_export
-from dflash_trainer.heartbeat import Heartbeat
+from dflash_trainer.data.batches import BatchLoader, TokenizedDataset, collate
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.export.exporter import drafter_config_from_export
+from dflash_trainer.telemetry.heartbeat import Heartbeat
 from dflash_trainer.loss import acceptance_proxy, describe_head_chunk
-from dflash_trainer.schedule import Schedule
-from dflash_trainer.optimizer import drafter_adamw
-from dflash_trainer.step import derived_seed, drafter_micro_batch
-from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, Profiler
-from dflash_trainer.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
-from dflash_trainer.wandb_log import WandbLog, check_available
+from dflash_trainer.loop.schedule import Schedule
+from dflash_trainer.loop.optimizer import drafter_adamw
+from dflash_trainer.loop.step import derived_seed, drafter_micro_batch
+from dflash_trainer.telemetry.writers import JsonlWriter, NvmlTelemetry, Profiler
+from dflash_trainer.loop.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
+from dflash_trainer.telemetry.wandb_log import WandbLog, check_available
 
 
 def log(msg: str) -> None:
@@ -100,7 +100,7 @@ def prepare_drafter(drafter: DFlashDrafter, device: torch.device, compile_layers
     (DFLASH_FP8_LAYERS), the layers compiled unless `compile_layers` is False. Returns the FP8 recipe applied (None:
     bf16) and the words of the `drafter linears:` log line. dflash-train and benchmarks/train_step.py prepare their
     drafters here."""
-    from dflash_trainer.float8 import float8_layers, fp8_for
+    from dflash_trainer.model.float8 import float8_layers, fp8_for
     recipe, linears = fp8_for(fp8_setting, device, drafter.cfg.hidden_size)
     if device.type == "cuda":  # frozen tables stay bf16 like the target; trainable weights fp32 master
         drafter.embed_tokens.to(torch.bfloat16)
@@ -173,7 +173,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     loader = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size)
 
     # --- weights load from here on ---
-    from dflash_trainer.target import FrozenTarget
+    from dflash_trainer.model.target import FrozenTarget
     # Loading some targets draws from the CPU generator (Qwen3.5's Gated DeltaNet initializes A_log in __init__):
     # the drafter's initial weights depend on --seed only, as on a drafter rank, which never loads the target.
     with torch.random.fork_rng(devices=[]):

@@ -32,7 +32,7 @@ import sys
 import time
 from collections import Counter
 
-from dflash_trainer.heartbeat import write_json_atomic
+from dflash_trainer.telemetry.heartbeat import write_json_atomic
 
 PROG = "dflash-prepare-data"
 
@@ -146,7 +146,7 @@ class Generator:
         if self.vllm is None:
             from transformers import AutoModelForCausalLM
 
-            from dflash_trainer.decode_attention import use_plan_free_attention
+            from dflash_trainer.eval.decode_attention import use_plan_free_attention
             self.device = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
             use_plan_free_attention(self.device)  # generate's padded batches change shape every step

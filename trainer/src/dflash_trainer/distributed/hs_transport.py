@@ -192,7 +192,7 @@ class Receiver:
 
     def next_item(self) -> Item:
         """The next item, received now (synchronous mode)."""
-        from dflash_trainer.hs_queue import QueueClosed
+        from dflash_trainer.distributed.hs_queue import QueueClosed
         try:
             return next(self._items)
         except StopIteration:

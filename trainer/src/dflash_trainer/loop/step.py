@@ -12,8 +12,8 @@ import zlib
 import torch
 import torch.nn.functional as F
 
-from dflash_trainer.blocks import block_inputs, build_mask, sample_anchors
-from dflash_trainer.drafter import DFlashDrafter
+from dflash_trainer.model.blocks import block_inputs, build_mask, sample_anchors
+from dflash_trainer.model.drafter import DFlashDrafter
 from dflash_trainer.loss import LossOutput, add_uniform_noise, dflash_loss
 
 

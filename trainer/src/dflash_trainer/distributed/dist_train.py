@@ -45,23 +45,23 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dflash_trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids, validate_paths
-from dflash_trainer.data import BatchLoader, TokenizedDataset, collate
-from dflash_trainer.dist_world import World, close_world, init_world, remove_pid_file
-from dflash_trainer.drafter import DrafterConfig
-from dflash_trainer.drafter_parallel import (ParallelDrafter, agree_on_min, agree_on_sharding, choose_sharding,
+from dflash_trainer.data.batches import BatchLoader, TokenizedDataset, collate
+from dflash_trainer.distributed.world import World, close_world, init_world, remove_pid_file
+from dflash_trainer.model.drafter import DrafterConfig
+from dflash_trainer.distributed.drafter_parallel import (ParallelDrafter, agree_on_min, agree_on_sharding, choose_sharding,
                                               pad_micro_batches)
 from dflash_trainer.failures import ExplainedFailure
-from dflash_trainer.heartbeat import RESERVE_NAME, Heartbeat
-from dflash_trainer.hs_queue import HiddenStateQueue, batch_tap_bytes, check_host_memory, mem_available
-from dflash_trainer.hs_transport import Item, Receiver, Sender
+from dflash_trainer.telemetry.heartbeat import RESERVE_NAME, Heartbeat
+from dflash_trainer.distributed.hs_queue import HiddenStateQueue, batch_tap_bytes, check_host_memory, mem_available
+from dflash_trainer.distributed.hs_transport import Item, Receiver, Sender
 from dflash_trainer.loss import acceptance_proxy, describe_head_chunk
-from dflash_trainer.optimizer import drafter_adamw
-from dflash_trainer.step import derived_seed, drafter_micro_batch
-from dflash_trainer.telemetry import JsonlWriter, NvmlTelemetry, profile_line
-from dflash_trainer.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
-from dflash_trainer.wandb_log import WandbLog, check_available
+from dflash_trainer.loop.optimizer import drafter_adamw
+from dflash_trainer.loop.step import derived_seed, drafter_micro_batch
+from dflash_trainer.telemetry.writers import JsonlWriter, NvmlTelemetry, profile_line
+from dflash_trainer.loop.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
+from dflash_trainer.telemetry.wandb_log import WandbLog, check_available
 
 STOP_REQUESTED, STOP_AT, PROGRESS, ERROR = "dflash/stop_requested", "dflash/stop_at", "dflash/progress", "dflash/error"
 ERRORS = "dflash/errors"  # failures counted: the first failing rank's error is the job's
@@ -189,9 +189,9 @@ def _store_int(store, key: str) -> int | None:
 
 
 def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading.Event, nvml: NvmlTelemetry) -> None:
-    from dflash_trainer.target import FrozenTarget
-    from dflash_trainer.target_split import layer_ranges
-    from dflash_trainer.train import target_layers
+    from dflash_trainer.model.target import FrozenTarget
+    from dflash_trainer.model.target_split import layer_ranges
+    from dflash_trainer.loop.train import target_layers
     split_over = [torch.device(d) for d in world.layout[world.rank].get("devices", [])]
     target = FrozenTarget(cfg.target_model, world.device, layer_ids, need_last_hidden=cfg.use_soft_labels,
                           split_over=split_over)
@@ -251,8 +251,8 @@ def run_target(cfg, world: World, schedule: Schedule, layer_ids, stop: threading
 
 def run_drafter(cfg, world: World, schedule_factory, drafter_cfg, state, total_steps: int,
                 stop: threading.Event, nvml: NvmlTelemetry) -> None:
-    from dflash_trainer.schedule import Schedule as LrSchedule
-    from dflash_trainer.train import rng_state, training_drafter
+    from dflash_trainer.loop.schedule import Schedule as LrSchedule
+    from dflash_trainer.loop.train import rng_state, training_drafter
     d, D, T, accum = world.role_rank, world.num_drafter_ranks, world.num_target_ranks, cfg.grad_accum
     # free memory before the drafter is built here: the sharding choice counts its weights in
     free = torch.cuda.mem_get_info(world.device)[0] if world.device.type == "cuda" else None

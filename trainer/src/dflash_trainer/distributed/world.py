@@ -116,7 +116,7 @@ def gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> tuple[int, str]:
         return cfg.target_gpus_per_rank, f"--target-gpus-per-rank {cfg.target_gpus_per_rank}"
     if not uses_gpus(cfg, cuda) or not cfg.target_gpus:
         return 1, "on the CPU"
-    from dflash_trainer.target_split import measured_gpus_per_rank
+    from dflash_trainer.model.target_split import measured_gpus_per_rank
     try:
         return measured_gpus_per_rank(cfg.target_model, cfg.target_gpus, cfg.token_budget)
     except (OSError, KeyError, ValueError) as e:
@@ -130,7 +130,7 @@ def plan_layout(cfg: TrainConfig, world_size: int, cuda: bool, per_rank: int = 1
     gpus = cfg.target_gpus + cfg.drafter_gpus
     idle = []
     if uses_gpus(cfg, cuda):
-        from dflash_trainer.target_split import target_groups
+        from dflash_trainer.model.target_split import target_groups
         if not cfg.target_gpus or not cfg.drafter_gpus:
             raise StartupError(f"a torchrun job needs target and drafter GPUs; got --target-gpus {cfg.target_gpus} "
                                f"--drafter-gpus {cfg.drafter_gpus}: list at least one GPU in each")

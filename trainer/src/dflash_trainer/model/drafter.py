@@ -194,7 +194,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, kernel_optio
         return flex_attention(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=kernel_options)
     # imported by name: the export ships a copy of this file for trust_remote_code, and transformers refuses a
     # remote file whose `import` lines name a package (the trainer) that the loading machine may lack
-    blocks = importlib.import_module("dflash_trainer.blocks")
+    blocks = importlib.import_module("dflash_trainer.model.blocks")
     return blocks.compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=kernel_options)
 
 

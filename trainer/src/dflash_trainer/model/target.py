@@ -22,7 +22,7 @@ class FrozenTarget:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         self.layer_devices = None
         if split_over and len(split_over) > 1:
-            from dflash_trainer.target_split import place_layers
+            from dflash_trainer.model.target_split import place_layers
             self.layer_devices = place_layers(self.model, split_over)
         else:
             self.model.to(device)

@@ -20,9 +20,10 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_trainer.checkpoint import find_latest, load_checkpoint
-from dflash_trainer.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.modeling_dflash import drafter_config_from_export
+from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.model import modeling_dflash
+from dflash_trainer.model.modeling_dflash import drafter_config_from_export
 
 # Fields copied from the target when present, so engines see the target's conventions. Never its rope scaling:
 # the drafter's own rope_parameters (what it trained with) are written instead.
@@ -126,7 +127,7 @@ def export_checkpoint(checkpoint: str, target_model: str, out_dir: str, dtype: s
     mask_token = mask_token_string(target_model, cfg.mask_token_id)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(export_config(cfg, target_config, dtype, mask_token), f, indent=2)
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.abspath(modeling_dflash.__file__))  # drafter.py beside it
     for name in MODELING_FILES:
         shutil.copyfile(os.path.join(here, name), os.path.join(out_dir, name))
     return path

@@ -1,0 +1,1 @@
+"""parquet shards to token-budget micro-batches."""

@@ -1,0 +1,1 @@
+"""torchrun: world, transports, queue, ranks."""

@@ -1,0 +1,1 @@
+"""tau evaluation and speculative decoding."""

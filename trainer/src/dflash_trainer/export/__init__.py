@@ -1,0 +1,1 @@
+"""the export for SGLang/vLLM."""

@@ -1,0 +1,1 @@
+"""the training loop and its state."""

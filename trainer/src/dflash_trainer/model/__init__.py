@@ -1,0 +1,1 @@
+"""the drafter, the frozen target and the attention pieces."""

@@ -1,0 +1,1 @@
+"""data preparation and tiny/real proof targets."""

@@ -1,0 +1,1 @@
+"""heartbeat, metrics/profile/NVML writers, W&B."""
