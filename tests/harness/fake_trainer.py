@@ -5,6 +5,9 @@ Writes heartbeat.json {pid, phase, step, epoch, updated_at} into $DFLASH_RUN_DIR
 checkpoints to checkpoints/step-N (temp dir + rename, `latest` file) every --ckpt-every steps and on SIGTERM, and
 resumes from checkpoints/latest. Fault switches: --crash RC, --ignore-term, --slow-exit S, --hold PATH,
 --fork-holder (a child that keeps stdout open and lives on), --no-heartbeat.
+--check answers as `dflash-train --check` does (one JSON line, then `ok`, exit 0; the settings the lifecycle reads:
+checkpoints under --output-dir or the run dir, --keep-checkpoints, the stand-in's own default 3) and starts nothing;
+with --refuse-check TEXT it refuses (TEXT on stderr, exit 2).
 Each start appends {pid, argv, tag, env, secret_sha, env_names} to <run dir>/starts.jsonl: `env` holds the
 variables named in $FAKE_SHOW_ENV, `secret_sha` the sha256 of those named in $FAKE_HASH_ENV (comma lists).
 Used on the host by tests/integration and benchmarks/restart.py, and inside the harness containers.
@@ -37,6 +40,19 @@ def record_start(run_dir, tag):
         fh.write(json.dumps(facts) + "\n")
 
 
+def answer_check(args):
+    if args.refuse_check:
+        print(json.dumps({"check": "failed", "problems": [args.refuse_check], "settings": None, "layout": None}))
+        print("dflash-train: error: %s" % args.refuse_check, file=sys.stderr)
+        return 2
+    settings = {"run_dir": args.run_dir, "keep_checkpoints": args.keep_checkpoints,
+                "checkpoints": os.path.join(args.output_dir or args.run_dir or "", "checkpoints")}
+    print(json.dumps({"check": "ok", "problems": [], "settings": settings, "layout": None,
+                      "world_size": int(os.environ.get("WORLD_SIZE", "1"))}))
+    print("ok")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-dir", default=os.environ.get("DFLASH_RUN_DIR"))
@@ -49,7 +65,13 @@ def main():
     ap.add_argument("--tag", default="", help="free text, only to change the fingerprint")
     ap.add_argument("--fork-holder", action="store_true", help="fork a child that keeps stdout open and lives on")
     ap.add_argument("--no-heartbeat", action="store_true", help="never write heartbeat.json")
+    ap.add_argument("--check", action="store_true", help="answer as dflash-train --check, start nothing")
+    ap.add_argument("--refuse-check", default=None, help="with --check: refuse with this text")
+    ap.add_argument("--output-dir", default=None)
+    ap.add_argument("--keep-checkpoints", type=int, default=3)
     args, unknown = ap.parse_known_args()
+    if args.check:
+        return answer_check(args)
     if not args.run_dir:
         print("fake_trainer: no run dir (DFLASH_RUN_DIR or --run-dir)", file=sys.stderr)
         return 2

@@ -13,6 +13,8 @@ One host with GPUs (the target on the first --target-gpus entry, the drafter on 
         --target-gpus 0 --drafter-gpus 1
 By wall clock (lr and noise follow the training time; a kept checkpoint at 2 and 5 minutes and at the end):
     dflash-train ... --time-budget-min 10 --snapshot-minutes 2,5 --compile-warmup-batches 2 --epochs 100
+Check a configuration without running it (every problem one line, exit 2; `ok` and 0; preflight.py):
+    dflash-train --check ...                 (WORLD_SIZE=N: as a torchrun job of N ranks)
 Exit status: 0 finished (also after SIGTERM, which checkpoints first); 2 refused at start; 1 failed.
 
 The flags are not declared here: each is a field of config.TrainConfig (default, help, parsing, check), and
@@ -35,6 +37,7 @@ from dflash_trainer.failures import ExplainedFailure
 from dflash_trainer.telemetry.heartbeat import Heartbeat, write_json_atomic
 
 PROG = "dflash-train"
+CHECK_FLAG = "--check"
 
 
 class UsageError(StartupError):
@@ -166,6 +169,9 @@ def _refuse(message: str, run_dir: str | None, heartbeat: Heartbeat | None) -> i
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if CHECK_FLAG in argv:  # check the configuration, run nothing (preflight.py)
+        from dflash_trainer import preflight
+        return preflight.main([a for a in argv if a != CHECK_FLAG])
     try:
         cfg = config_from_args(argv)
     except SystemExit as e:  # --help

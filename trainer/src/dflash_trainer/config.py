@@ -428,6 +428,13 @@ def validate_paths(cfg: TrainConfig) -> dict:
 
     Reads parquet schemas with pyarrow when it is importable (cheap: footers only).
     """
+    target_config = validate_target(cfg)
+    validate_data(cfg)
+    return target_config
+
+
+def validate_target(cfg: TrainConfig) -> dict:
+    """--target-model (and the flags checked against it): a directory with a complete stage and a config.json."""
     if not os.path.isdir(cfg.target_model):
         raise StartupError(f"--target-model {cfg.target_model} is not a directory; "
                          "pass the local directory of the target model (dflash-make-tiny builds a tiny one)")
@@ -454,24 +461,33 @@ def validate_paths(cfg: TrainConfig) -> dict:
         if bad:
             raise StartupError(f"--target-layer-ids {bad} are outside the target's layers 0..{num_layers - 2} "
                              "(the last layer's output is normed in HF, so it cannot be tapped); fix the list")
+    return target_config
 
+
+def data_shards(cfg: TrainConfig) -> list[str]:
+    """--data-dir's *.parquet shards (StartupError when the directory or its shards are missing)."""
     if not os.path.isdir(cfg.data_dir):
         raise StartupError(f"--data-dir {cfg.data_dir} is not a directory; pass the directory of *.parquet shards")
     shards = sorted(glob.glob(os.path.join(cfg.data_dir, "*.parquet")))
     if not shards:
         raise StartupError(f"--data-dir {cfg.data_dir} has no *.parquet shards; "
                          "write input_ids/loss_mask parquet files there (see trainer/README.md)")
+    return shards
+
+
+def validate_data(cfg: TrainConfig) -> None:
+    """--data-dir: shards with input_ids and loss_mask columns."""
+    shards = data_shards(cfg)
     try:
         import pyarrow.parquet as pq
     except ImportError:  # checked again when the data loads
-        return target_config
+        return
     for shard in shards:
         names = set(pq.read_schema(shard).names)
         for column in ("input_ids", "loss_mask"):
             if column not in names:
                 raise StartupError(f"data shard {shard} has no {column} column; "
                                  "regenerate the data with input_ids and loss_mask (see trainer/README.md)")
-    return target_config
 
 
 def find_mask_token_id(model_dir: str) -> int | None:

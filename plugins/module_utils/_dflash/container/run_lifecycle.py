@@ -13,6 +13,7 @@ telemetry.jsonl.
 
 import errno
 import os
+import re
 import subprocess
 import time
 
@@ -25,11 +26,13 @@ from .run_name import validate_run_name
 from .run_paths import check_not_system_dir, check_reserved_env
 from .run_records import (EXIT_RECORD, LOG_NAME, STOP_RECORD, keep_previous, prune_records, read_json, read_pid,
                           record, restore, unlink, write_json_atomic, write_pidfile)
-from .run_space import check_space, checkpoints_dir, last_checkpoint
+from .run_space import check_space, last_checkpoint, recorded_checkpoints
 from .run_status import conflicting_runs, log_tail, own_heartbeat, run_state, status
+from .trainer_check import CheckRefused, check_cwd, collection_layout, run_check
 from .trainer_record import TrainerRefused, check_trainer
 
 LOCK_NAME = ".dflash-lifecycle.lock"
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b")  # a Python exception's last line
 LAUNCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # unless the run's env sets PATH
 
 
@@ -52,7 +55,33 @@ def _launch_path(req):
     return str((req.get("env") or {}).get("PATH", LAUNCH_PATH))
 
 
-def launch(req, now):
+def launch_env(req, secrets=True):
+    """The trainer's environment: PATH, the run's env (and secret env), the run contract's two variables."""
+    env = {"PATH": LAUNCH_PATH}
+    env.update(dict((k, str(v)) for k, v in (req.get("env") or {}).items()))
+    if secrets:
+        env.update(dict((k, str(v)) for k, v in (req.get("secret_env") or {}).items()))
+    env.update(DFLASH_RUN_DIR=req["run_dir"], DFLASH_RUN_NAME=req["run"])
+    return env
+
+
+def trainer_check(req):
+    """The trainer's check of this launch (trainer_check.py): its settings, and a torchrun job's layout and ranks'
+    directory filled in from its answer. CheckRefused when it refuses."""
+    env = launch_env(req, secrets=False)  # no check reads a secret: they stay out of one more process
+    if req.get("job"):
+        env["WORLD_SIZE"] = str(req["job"]["nproc_per_node"])
+    report = run_check(req["check_argv"], env, check_cwd(req), req["heartbeat_timeout"])
+    settings = report.get("settings") or {}
+    settings.setdefault("checkpoints", os.path.join(req["run_dir"], "checkpoints"))
+    if req.get("job"):
+        ranks_root = settings.get("run_dir") or req["run_dir"]
+        req["job"] = dict(req["job"], layout=collection_layout(report.get("layout")),
+                          ranks_dir=os.path.join(ranks_root, "ranks"))
+    return settings
+
+
+def launch(req, now, settings):
     run_dir = req["run_dir"]
     kept = keep_previous(run_dir, now)
     prune_records(run_dir, req["keep_records"])
@@ -60,14 +89,11 @@ def launch(req, now):
         "run": req["run"], "argv": req["argv"], "env": req.get("env") or {},
         "secret_env_names": sorted((req.get("secret_env") or {}).keys()), "gpus": req.get("gpus") or [],
         "cwd": req.get("cwd"), "fingerprint": req["fingerprint"], "launched_at": now, "log": LOG_NAME,
-        "checkpoints": checkpoints_dir(req["argv"], run_dir),
+        "checkpoints": settings["checkpoints"],  # the trainer's answer (its check)
         # torchrun: world layout and where the ranks register; run_dir = the DFLASH_RUN_DIR every rank inherits
         "job": dict(req["job"], run_dir=run_dir) if req.get("job") else None,
     }
-    env = {"PATH": LAUNCH_PATH}
-    env.update(dict((k, str(v)) for k, v in (req.get("env") or {}).items()))
-    env.update(dict((k, str(v)) for k, v in (req.get("secret_env") or {}).items()))
-    env.update(DFLASH_RUN_DIR=run_dir, DFLASH_RUN_NAME=req["run"])
+    env = launch_env(req)
     log_path = os.path.join(run_dir, LOG_NAME)
     if public["job"]:
         clear_rank_files(public["job"]["ranks_dir"])  # the previous job is stopped: its leftover files say nothing
@@ -117,9 +143,10 @@ def verify(req, proc, timings):
 
     def died(rc):
         record(run_dir, EXIT_RECORD, {"pid": proc.pid, "rc": rc, "at": time.time()})
-        return LifecycleError("the trainer exited with status %s right after launch; see log_tail (%s)"
-                              % (rc, log_path), rc=rc, pid=proc.pid,
-                              log_tail=log_tail(log_path, req["log_tail_lines"]), heartbeat=read_json(hb_path))
+        tail = log_tail(log_path, req["log_tail_lines"])
+        return LifecycleError("the trainer exited with status %s right after launch%s; see log_tail (%s)"
+                              % (rc, _error_line(tail), log_path), rc=rc, pid=proc.pid, log_tail=tail,
+                              heartbeat=read_json(hb_path))
 
     while True:
         rc = proc.poll()
@@ -159,6 +186,15 @@ def verify(req, proc, timings):
                                  % (proc.pid, hb_path, req["heartbeat_timeout"]), pid=proc.pid,
                                  log_tail=log_tail(log_path, req["log_tail_lines"]))
         time.sleep(POLL_S)
+
+
+def _error_line(tail):
+    """': <the trainer's own error line>' from its log's last lines (the last `error:` or `…Error: …` line, else
+    the last line), or ''."""
+    lines = [line.strip() for line in tail or [] if line.strip()]
+    errors = [line for line in lines if "error:" in line.lower() or ERROR_LINE.match(line)]
+    pick = (errors or lines)[-1:]
+    return ": %s" % pick[0] if pick else ""
 
 
 def _job_ranks_up(req, proc, log_path):
@@ -298,10 +334,14 @@ def _change(req, timings):
             # Before anything is stopped: a launch that cannot start must not cost the running run.
             check_trainer(req["argv"], _launch_path(req), req.get("cwd") or req["run_dir"],
                           req.get("expect_trainer_version"))
+            settings = trainer_check(req)
             check_gpus_exist(req.get("gpus") or [], req["gpu_device_pattern"])
-            check_space(req["argv"], req["run_dir"])
+            check_space(settings, req["run_dir"])
         except TrainerRefused as exc:
             raise LifecycleError(str(exc), rc=exc.rc)
+        except CheckRefused as exc:
+            raise LifecycleError("the trainer's check refused this configuration, so nothing was stopped%s: %s"
+                                 % (_still_running(runs), exc))
         except ValueError as exc:
             raise LifecycleError(str(exc))
         result.update(changed=True, action="launched", would_stop=[name for name, _pid in runs])
@@ -311,7 +351,7 @@ def _change(req, timings):
         # Where each stopped run left its work, read before launch() moves this run's launch.json aside.
         stopped_note = _stopped_note(req, result["stopped"])
         try:
-            _launch_after_stop(req, result, timings)
+            _launch_after_stop(req, result, timings, settings)
         except LifecycleError as exc:
             raise _after_stop(exc, result["stopped"], stopped_note)
         except OSError as exc:  # a full disk, a read-only mount: name the path, never a bare errno
@@ -320,7 +360,12 @@ def _change(req, timings):
     return result
 
 
-def _launch_after_stop(req, result, timings):
+def _still_running(runs):
+    alive = ["%s (pid %s)" % (name, pid) for name, pid in runs if pid is not None]
+    return " (%s still running)" % ", ".join(alive) if alive else ""
+
+
+def _launch_after_stop(req, result, timings, settings):
     try:
         result["gpu_wait"] = _timed(timings, "gpu_wait", wait_for_release, req.get("gpus") or [],
                                     req["gpu_device_pattern"], req["gpu_memory_threshold_mib"],
@@ -329,7 +374,7 @@ def _launch_after_stop(req, result, timings):
         raise LifecycleError(str(exc))
     os.makedirs(req["run_dir"], exist_ok=True)
     now = time.time()
-    proc, result["kept"] = _timed(timings, "launch", launch, req, now)
+    proc, result["kept"] = _timed(timings, "launch", launch, req, now, settings)
     result["pid"] = proc.pid
     result["fingerprint"] = req["fingerprint"]
     result["world"] = req.get("job")
@@ -356,11 +401,11 @@ def _stopped_note(req, stopped):
     for info in stopped:
         run_dir = _run_dir_of(req, info["run"])
         launch_info = read_json(os.path.join(run_dir, "launch.json")) or {}
-        ckpt = last_checkpoint(checkpoints_dir(launch_info.get("argv"), run_dir))
+        ckpt = last_checkpoint(recorded_checkpoints(launch_info, run_dir))
         parts.append("the previous run %s (pid %s) was stopped (%s) before this failure; %s" % (
             info["run"], info["pid"], info["signal"],
             "its last checkpoint is %s" % ckpt if ckpt else "it has no checkpoint (%s is empty)"
-            % checkpoints_dir(launch_info.get("argv"), run_dir)))
+            % recorded_checkpoints(launch_info, run_dir)))
     return "; ".join(parts)
 
 

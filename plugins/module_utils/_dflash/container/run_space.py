@@ -4,33 +4,23 @@
 # SPDX-License-Identifier: Apache-2.0
 """Disk space a launch needs, checked before anything is stopped; where a run's last checkpoint is.
 
-The trainer's checkpoints live in <--output-dir>/checkpoints/ (step-N directories and a `latest` file naming the
-newest complete one; trainer/src/dflash_trainer/loop/checkpoint.py), or under the run directory when the command has
-no --output-dir (the stand-in trainer of the tests). It keeps --keep-checkpoints of them (the trainer's default:
-3) and writes the next one before pruning, so keep+1 exist at its peak. Part of the in-container package.
+Where the trainer writes its checkpoints (step-N directories and a `latest` file naming the newest complete one)
+and how many it keeps are the trainer's settings: its check (trainer_check.py, ``dflash-train --check``) reports
+them as `checkpoints` and `keep_checkpoints`, and launch.json records `checkpoints`. The trainer writes the next
+checkpoint before pruning, so keep+1 exist at its peak (a trainer that reports no keep count: room for the next
+one). Part of the in-container package.
 """
 
 import os
 import re
 
 LAUNCH_RESERVE = 1 << 20  # launch.json, pid, the log's first lines, heartbeat.json: 1 MiB is ample
-DEFAULT_KEEP = 3  # the trainer's --keep-checkpoints default
 STEP_DIR = re.compile(r"step-(\d+)")
 
 
-def argv_flag(argv, name):
-    """The value of --name=VALUE (or --name VALUE) in argv, else None."""
-    argv = list(argv or [])
-    for i, arg in enumerate(argv):
-        if arg.startswith("--%s=" % name):
-            return arg.split("=", 1)[1]
-        if arg == "--" + name and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
-
-
-def checkpoints_dir(argv, run_dir):
-    return os.path.join(argv_flag(argv, "output-dir") or run_dir, "checkpoints")
+def recorded_checkpoints(launch_info, run_dir):
+    """Where a launched run writes its checkpoints: launch.json's `checkpoints` (the trainer's answer at launch)."""
+    return (launch_info or {}).get("checkpoints") or os.path.join(run_dir, "checkpoints")
 
 
 def _steps(root):
@@ -86,30 +76,29 @@ def _mib(n):
     return "%.1f MiB" % (n / 1048576.0)
 
 
-def space_needs(argv, run_dir):
-    """[(path, bytes needed, why)]: the run directory's launch files and the next checkpoints."""
-    root = checkpoints_dir(argv, run_dir)
-    try:
-        keep = max(1, int(argv_flag(argv, "keep-checkpoints") or DEFAULT_KEEP))
-    except ValueError:
-        keep = DEFAULT_KEEP
+def space_needs(settings, run_dir):
+    """[(path, bytes needed, why)]: the run directory's launch files and the next checkpoints (settings: the
+    trainer check's `checkpoints` and `keep_checkpoints`)."""
+    root = settings["checkpoints"]
+    keep = settings.get("keep_checkpoints")
     needs = [(run_dir, LAUNCH_RESERVE, "launch %d" % LAUNCH_RESERVE)]
     newest = last_checkpoint(root)
     if newest is not None:
         size = _size(newest)
-        count = max(1, keep + 1 - len(_steps(root)))
-        needs.append((root, count * size, "%d checkpoint%s of %d estimated from %s (keep_checkpoints %d + 1)"
-                      % (count, "" if count == 1 else "s", size, newest, keep)))
+        count = max(1, keep + 1 - len(_steps(root))) if keep else 1
+        needs.append((root, count * size, "%d checkpoint%s of %d estimated from %s (%s)"
+                      % (count, "" if count == 1 else "s", size, newest,
+                         "keep_checkpoints %d + 1" % keep if keep else "the next one")))
     return needs
 
 
-def check_space(argv, run_dir):
+def check_space(settings, run_dir):
     """Refuse (ValueError, one line) when a filesystem lacks what the launch and its checkpoints need.
 
     Returns {path: {"free", "needed"}} of each filesystem checked. Needs on one filesystem are added up.
     """
     by_fs = {}
-    for path, needed, why in space_needs(argv, run_dir):
+    for path, needed, why in space_needs(settings, run_dir):
         where = _existing(path)
         dev = os.stat(where).st_dev
         entry = by_fs.setdefault(dev, {"path": path, "where": where, "needed": 0, "why": []})

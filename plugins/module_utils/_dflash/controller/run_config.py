@@ -18,6 +18,7 @@ import re
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.run_name import validate_run_name
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.run_paths import (
     check_not_system_dir, check_reserved_env)
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.trainer_check import check_argv
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import validate_env
 
 FLAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # fullmatch: "$" would let a trailing newline in
@@ -85,109 +86,22 @@ def shutdown_timeout(stop_timeout):
     return max(1, int(math.ceil(stop_timeout)))
 
 
-def _gpu_list(value):
-    if value is None:
-        return None
-    items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v.strip()]
-    try:
-        return [int(v) for v in items]
-    except (TypeError, ValueError):
-        return None  # the trainer refuses it with its own message
-
-
-def _count(value):
-    """An integer trainer flag, or None when absent or not an integer (the trainer refuses such a value itself)."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        return None
-
-
-def _either(counts):
-    return ", ".join(str(c) for c in counts[:-1]) + (" or " if len(counts) > 1 else "") + str(counts[-1])
-
-
-def world_layout(trainer_args, nproc):
-    """Which rank is target or drafter, on which GPUs, by the trainer's rule (dflash_trainer.distributed.world.plan_layout):
-    on GPUs, target_gpus cut into groups of target_gpus_per_rank consecutive GPUs, a target rank each (leftover
-    GPUs idle), then a drafter rank per drafter GPU; on the CPU (both lists empty, or device cpu) target_ranks
-    target ranks, then the rest. Refuses a process count the trainer would refuse. None where the flags leave the
-    layout to the trainer's defaults (rank 0's heartbeat reports it)."""
-    targets, drafters = _gpu_list(trainer_args.get("target_gpus")), _gpu_list(trainer_args.get("drafter_gpus"))
-    if trainer_args.get("device") == "cpu" or (targets == [] and drafters == []):
-        return _cpu_layout(_count(trainer_args.get("target_ranks")), nproc)
-    if targets is None or drafters is None:
-        return None
-    if not targets or not drafters:
-        raise ValueError("trainer_args target_gpus %s and drafter_gpus %s: a torchrun job needs at least one GPU in "
-                         "each (or both empty, or device cpu, to train on the CPU)" % (targets, drafters))
-    per_rank = _count(trainer_args.get("target_gpus_per_rank"))
-    if per_rank is not None and per_rank < 0:
-        return None  # the trainer refuses it with its own message
-    return _gpu_layout(targets, drafters, per_rank, nproc)
-
-
-def _cpu_layout(num_targets, nproc):
-    if num_targets is None:
-        return None
-    if not 1 <= num_targets < nproc:
-        raise ValueError("trainer_args target_ranks %d leaves %d of nproc_per_node %d ranks to the drafter: set "
-                         "target_ranks from 1 to %d, or nproc_per_node above it"
-                         % (num_targets, nproc - num_targets, nproc, nproc - 1))
-    return [{"rank": r, "role": "target" if r < num_targets else "drafter", "gpu": None} for r in range(nproc)]
-
-
-def _gpu_layout(targets, drafters, per_rank, nproc):
-    """per_rank 0 (or unset: whatever the trainer's default) means the trainer measures it at start, from 1 to
-    len(targets): any group size that makes nproc ranks may be the one, so the roles are known, and a target rank's
-    GPUs only where a single group size does."""
-    if per_rank and per_rank > len(targets):
-        raise ValueError("trainer_args target_gpus_per_rank %d does not fit target_gpus %s: set it from 1 to %d "
-                         "(or 0: measured at start)" % (per_rank, targets, len(targets)))
-    sizes = [per_rank] if per_rank else range(1, len(targets) + 1)
-    ranks_by_size = dict((g, len(targets) // g + len(drafters)) for g in sizes)
-    fitting = [g for g in sizes if ranks_by_size[g] == nproc]
-    if not fitting:
-        counts = sorted(set(ranks_by_size.values()), reverse=True)
-        if not per_rank:
-            how = "target_gpus_per_rank unset or 0: GPUs per target rank measured at start"
-        elif per_rank == 1:
-            how = "one per GPU"
-        else:
-            idle = targets[len(targets) // per_rank * per_rank:]
-            how = "target_gpus_per_rank %d%s" % (per_rank, ", GPUs %s idle" % (idle,) if idle else "")
-        raise ValueError("nproc_per_node is %d but trainer_args target_gpus %s + drafter_gpus %s name %s ranks (%s): "
-                         "set nproc_per_node to %s or change the GPU lists"
-                         % (nproc, targets, drafters, _either(counts), how, _either(counts)))
-    size = fitting[0]
-    num_targets = len(targets) // size
-    rows = []
-    for r in range(num_targets):
-        group = targets[r * size:(r + 1) * size]
-        row = {"rank": r, "role": "target"}
-        if len(fitting) == 1:
-            row.update(gpu=group[0], **({"gpus": group} if size > 1 else {}))
-        rows.append(row)
-    return rows + [{"rank": num_targets + i, "role": "drafter", "gpu": gpu} for i, gpu in enumerate(drafters)]
-
-
 def job_argv_and_spec(params, run_dir):
-    """(argv, launch.json's `job`) of the run: the trainer's command line, or for nproc_per_node > 1 torchrun's
-    running it, with the job's process count, where its ranks register (the trainer's --run-dir, else the run
-    directory), the world layout and torchrun's shutdown timeout (job None for one process)."""
+    """(argv, check argv, launch.json's `job`) of the run: the trainer's command line (or for nproc_per_node > 1
+    torchrun's running it), the same flags after the trainer's own ``--check`` (the lifecycle runs it before anything
+    is stopped), and the job's process count and torchrun's shutdown timeout (job None for one process). The world
+    layout and where the ranks register are the trainer's rules: the lifecycle fills them in from the check's answer
+    (container/trainer_check.py), this side holds no copy of them."""
     nproc, trainer_args = params["nproc_per_node"], params["trainer_args"] or {}
     if nproc < 1:
         raise ValueError("nproc_per_node must be 1 (one process) or more (a torchrun job), got %d" % nproc)
     argv = trainer_argv(params["command"], trainer_args)  # validates the command first
+    checked = check_argv(params["command"], argv[len(params["command"]):])
     if nproc == 1:
-        return argv, None
+        return argv, checked, None
     argv = trainer_argv(torchrun_argv(params["command"], nproc, params["stop_timeout"]), trainer_args)
-    ranks_dir = posixpath.join(str(trainer_args.get("run_dir") or run_dir), "ranks")
-    return argv, {"launcher": "torchrun", "nproc_per_node": nproc, "ranks_dir": ranks_dir,
-                  "layout": world_layout(trainer_args, nproc),
-                  "shutdown_timeout_s": shutdown_timeout(params["stop_timeout"])}
+    return argv, checked, {"launcher": "torchrun", "nproc_per_node": nproc, "ranks_dir": None, "layout": None,
+                           "shutdown_timeout_s": shutdown_timeout(params["stop_timeout"])}
 
 
 def fingerprint(argv, env, gpus, secret_names, cwd):
@@ -226,8 +140,8 @@ def build_request(params, check_mode=False, diff=False):
     req.update(action=state, check_mode=bool(check_mode), diff=bool(diff), run=name, runs_root=runs_root,
                run_dir=run_dir, gpus=gpus, cwd=cwd, force=bool(params["force"]))
     if state in ("started", "restarted"):
-        argv, job = job_argv_and_spec(params, run_dir)
-        req.update(job=job, argv=argv, env=env, secret_env=secret_env,
+        argv, checked, job = job_argv_and_spec(params, run_dir)
+        req.update(job=job, argv=argv, check_argv=checked, env=env, secret_env=secret_env,
                    fingerprint=fingerprint(argv, env, gpus, secret_env.keys(), cwd))
     return req
 

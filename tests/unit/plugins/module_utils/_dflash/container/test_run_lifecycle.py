@@ -728,3 +728,67 @@ def test_restarts_keep_at_most_n_records_each(runs_root):
 def test_keep_records_below_zero_is_refused():
     with pytest.raises(ValueError, match="^keep_records must be 0 or more"):
         make_req(__import__("pathlib").Path("/tmp/x/runs"), keep_records=-1)
+
+
+# --- the trainer's check before anything is stopped (issue 30) ----------------------------------------------------
+
+def _heartbeat_step(runs_root):
+    return json.loads((runs_root / "r1" / "heartbeat.json").read_text())["step"]
+
+
+def _untouched(runs_root, pid, launch_before, logs_before):
+    """The live run goes on: same pid, step still advancing, launch.json and the logs as they were."""
+    step = _heartbeat_step(runs_root)
+    deadline = time.monotonic() + 5
+    while _heartbeat_step(runs_root) <= step:
+        assert time.monotonic() < deadline, "the live run stopped stepping"
+        time.sleep(0.05)
+    assert procfs.is_alive(pid) and read_pid(runs_root) == pid
+    assert (runs_root / "r1" / "launch.json").read_text() == launch_before
+    assert sorted(p.name for p in (runs_root / "r1").glob("*.log")) == logs_before
+    assert len(starts(runs_root)) == 1
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_configuration_the_trainer_refuses_never_stops_the_live_run(runs_root, check_mode):
+    pid = run_lifecycle.change(make_req(runs_root))["pid"]
+    launch_before = (runs_root / "r1" / "launch.json").read_text()
+    logs_before = sorted(p.name for p in (runs_root / "r1").glob("*.log"))
+    refused = make_req(runs_root, check_mode=check_mode,
+                       trainer_args={"interval": 0.05, "refuse_check": "--blok-size: did you mean --block-size?"})
+    with pytest.raises(run_lifecycle.LifecycleError) as exc:
+        run_lifecycle.change(refused)
+    assert str(exc.value) == ("the trainer's check refused this configuration, so nothing was stopped (r1 (pid %d) "
+                              "still running): --blok-size: did you mean --block-size?" % pid)
+    _untouched(runs_root, pid, launch_before, logs_before)
+
+
+def test_check_mode_says_would_launch_only_after_the_trainer_check_passes(runs_root):
+    result = run_lifecycle.change(make_req(runs_root, check_mode=True))
+    assert result["action"] == "launched" and result["changed"] and not (runs_root / "r1").exists()
+
+
+def test_the_check_runs_the_command_with_check_first_and_without_secrets(runs_root, tmp_path):
+    req = make_req(runs_root, trainer_args={"interval": 0.05, "output_dir": str(tmp_path / "out"),
+                                            "keep_checkpoints": 5}, secret_env={"WANDB_API_KEY": SECRET})
+    assert req["check_argv"][:3] == [sys.executable, FAKE, "--check"]
+    settings = run_lifecycle.trainer_check(req)
+    assert settings["checkpoints"] == str(tmp_path / "out" / "checkpoints") and settings["keep_checkpoints"] == 5
+    env = run_lifecycle.launch_env(req, secrets=False)
+    assert "WANDB_API_KEY" not in env and env["DFLASH_RUN_DIR"] == req["run_dir"]
+
+
+def test_a_command_that_does_not_answer_the_check_is_refused_with_its_last_lines(runs_root):
+    req = make_req(runs_root, command=[sys.executable, "-c", "import sys; sys.exit('no such flag: --check')"])
+    with pytest.raises(run_lifecycle.LifecycleError) as exc:
+        run_lifecycle.change(req)
+    assert str(exc.value).endswith(": no such flag: --check; the installed trainer has no --check: run "
+                                   "playbooks/install_trainer.yml")
+    assert not (runs_root / "r1" / "launch.json").exists()
+
+
+def test_a_launch_that_dies_after_the_stop_names_the_trainers_error_line(runs_root):
+    with pytest.raises(run_lifecycle.LifecycleError) as exc:
+        run_lifecycle.change(make_req(runs_root, trainer_args={"crash": 3}))
+    assert str(exc.value).startswith("the trainer exited with status 3 right after launch: fake_trainer: crashing "
+                                      "at start with status 3 (as asked); see log_tail (")
