@@ -16,7 +16,7 @@ By wall clock (lr and noise follow the training time; a kept checkpoint at 2 and
 Exit status: 0 finished (also after SIGTERM, which checkpoints first); 2 refused at start; 1 failed.
 
 The flags are not declared here: each is a field of config.TrainConfig (default, help, parsing, check), and
-build_parser() generates them (add_train_flags, which drivers such as benchmarks/proof_smollm2.py use too).
+build_parser() generates them (add_train_flags, which drivers such as proofs/proof_smollm2.py use too).
 """
 
 from __future__ import annotations
