@@ -273,7 +273,7 @@ def target_flop_per_token(shape: dict, layer_params: int, seq_len: int) -> float
 
 def drafter_flop_per_micro_batch(torch, drafter_cfg, data_dir: str, train: dict) -> tuple[float, int]:
     """train_step.flop_estimate over one micro-batch of this data (its anchors drawn as the trainer draws them)."""
-    from train_step import flop_estimate
+    from .train_step import flop_estimate
 
     from dflash_trainer.blocks import sample_anchors
     from dflash_trainer.data import TokenizedDataset, collate
