@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in trainer that holds GPU memory, for benchmarks/gpu_release_device.py (stdlib + torch).
 
-Follows the run contract (DESIGN.md): heartbeat.json {pid, phase, step, epoch, updated_at} in $DFLASH_RUN_DIR
+Follows the run contract (docs/design.md): heartbeat.json {pid, phase, step, epoch, updated_at} in $DFLASH_RUN_DIR
 (or --run-dir) every --interval s. Phase "loading" while torch starts and --gib GiB are allocated on cuda:0,
 then "training". On SIGTERM: "checkpointing" for --slow-exit s, STILL holding the memory (a checkpoint being
 written), then "finished" and exit. --ignore-term makes it deaf to SIGTERM (only SIGKILL ends it).

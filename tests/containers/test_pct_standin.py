@@ -1,4 +1,4 @@
-"""The pct stand-in (tests/harness/bin/pct) behaves as PROXMOX.md says, reached through the harness sshd."""
+"""The pct stand-in (tests/harness/bin/pct) behaves as docs/proxmox.md says, reached through the harness sshd."""
 import pytest
 
 from harness import PCT, lxc

@@ -1,4 +1,4 @@
-"""The Proxmox API stand-in (tests/harness/pve_api) against PROXMOX.md's statements, one by one, through plain
+"""The Proxmox API stand-in (tests/harness/pve_api) against docs/proxmox.md's statements, one by one, through plain
 `requests` and through proxmoxer; its containers are real (memory limit, char device, /dev/shm size, pct exec)."""
 import hashlib
 import json

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A quick stand-in trainer that honours the run contract (DESIGN.md), stdlib only, for fault tests.
+"""A quick stand-in trainer that honours the run contract (docs/design.md), stdlib only, for fault tests.
 
 Writes heartbeat.json {pid, phase, step, epoch, updated_at} into $DFLASH_RUN_DIR (or --run-dir) every --interval s,
 checkpoints to checkpoints/step-N (temp dir + rename, `latest` file) every --ckpt-every steps and on SIGTERM, and

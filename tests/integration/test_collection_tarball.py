@@ -18,7 +18,8 @@ REQUIRED = ["LICENSE", "README.md", "requirements.txt", "meta/runtime.yml", "cha
 # tests/sanity is the exception: ansible-test reads its ignore files (each line with its reason) from there.
 KEPT_UNDER_TESTS = "tests/sanity/"
 FORBIDDEN_PREFIXES = ("tests/unit/", "tests/integration/", "tests/harness/", "tests/containers/", "molecule/", "scripts/", "benchmarks/", ".ci/", "trainer/tests/",
-                      "trainer/benchmarks/", "inventories/example/", "inventories/harness/", ".venv/",
+                      "trainer/benchmarks/", "trainer/proofs/", "trainer/results/", "inventories/example/",
+                      "inventories/harness/", ".venv/",
                       ".collections/", ".ansible/", ".artifacts/", ".cache/")
 FORBIDDEN_PARTS = ("__pycache__", ".egg-info", ".pytest_cache")
 

@@ -6,8 +6,8 @@ each candidate's kernel_options (candidate "product": attend's default, drafter.
 candidate is compiled on its own; forward and forward + backward are timed, and the output and the query
 gradient are compared with torch's default tiles (the first candidate):
 
-    python trainer/benchmarks/attention_kernels.py --preset h200-27b --out attention.json        # one H200
-    python trainer/benchmarks/attention_kernels.py --preset tiny-cpu   # CPU: SDPA and a dense mask, as the
+    python -m benchmarks.attention_kernels --preset h200-27b --out attention.json        # one H200
+    python -m benchmarks.attention_kernels --preset tiny-cpu   # CPU: SDPA and a dense mask, as the
                                                                        # product runs there (options unused)
 
 Useful FLOP as train_step.py counts them: forward 4 x visible (query, key) pairs x heads x head_dim, backward
@@ -26,10 +26,10 @@ import torch
 from dflash_trainer import cli
 from dflash_trainer.model.blocks import build_mask, sample_anchors
 from dflash_trainer.model.drafter import attend
-from matmul_peak import benchmark_device
-from preset_args import parse_with_preset
-from timing import timed_calls
-from train_step import PRESETS, TRAIN_FLAGS
+from .matmul_peak import benchmark_device
+from .preset_args import parse_with_preset
+from .timing import timed_calls
+from .train_step import PRESETS, TRAIN_FLAGS
 
 
 def _bwd(m1, n1, m2, n2, warps, stages) -> dict:

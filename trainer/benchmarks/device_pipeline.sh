@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 13 on a lent GPU machine, in one call of under 8 minutes: first the transport check (a CUDA test: the
 # losses with overlapped hidden-state transfers equal, bit for bit, those with --hs-sync-transfers; over NCCL
-# with 2 GPUs, host-staged between two processes on one GPU otherwise), then benchmarks/pipeline.py at the 27B
+# with 2 GPUs, host-staged between two processes on one GPU otherwise), then benchmarks.pipeline at the 27B
 # shape (nccl on 2 GPUs; shared = two processes on one GPU, plus the one-process run, on 1 GPU).
 #
 # Device call (nothing to carry: the trainer runs from trainer/src with the machine's torch and transformers):
@@ -12,7 +12,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/dflash-out}
 mkdir -p "$OUT"
 # NVLink multicast stays off (KINDS.md); one inductor cache for the test and the benchmark
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/trainer/src" NCCL_NVLS_ENABLE=0 \
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/trainer/src:$PWD/trainer" NCCL_NVLS_ENABLE=0 \
     TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCHINDUCTOR_CACHE_DIR=/tmp/dflash-inductor
 START=$SECONDS
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv | tee "$OUT/gpus.txt"
@@ -31,7 +31,7 @@ echo "=== pipeline benchmark (h200-27b)"
 left=$((470 - (SECONDS - START)))
 mode=()
 [ -n "${MODE:-}" ] && mode=(--mode "$MODE")
-timeout "$left" python3 trainer/benchmarks/pipeline.py --preset h200-27b ${mode[@]+"${mode[@]}"} --timeout $((left - 90)) \
+timeout "$left" python3 -m benchmarks.pipeline --preset h200-27b ${mode[@]+"${mode[@]}"} --timeout $((left - 90)) \
     --work-dir /tmp/dflash-pipeline --out "$OUT/pipeline.json" "$@" 2>&1 \
     | grep --line-buffered -v -E "Loading weights|Writing model" | tee "$OUT/pipeline.log"
 status=${PIPESTATUS[0]}

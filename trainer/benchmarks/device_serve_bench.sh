@@ -3,7 +3,7 @@
 # as the target (converted from the GGUF on the machine, as the proof does), the proof's 32 held-out prompts.
 # The GGUF travels in two halves as for the proof (device_proof.sh), the export as .artifacts/dev-d2/init.tar.part-*.
 #
-# Call 1 (carry .artifacts/dev-a):  bash trainer/benchmarks/device_proof.sh stash nosmoke
+# Call 1 (carry .artifacts/dev-a):  bash trainer/proofs/device_proof.sh stash nosmoke
 # Call 2 (carry .artifacts/dev-b .artifacts/dev-d2, within the warm window):
 #                                   bash trainer/benchmarks/device_serve_bench.sh [SERVE_BENCH_FLAGS...]
 # Writes $OUT/serve-bench.json and $OUT/serve-bench.log (they come back with the call).
@@ -11,7 +11,8 @@ set -uo pipefail
 S=${DFLASH_STASH:-/var/tmp/dflash}
 OUT=${OUT:-/tmp/dflash-out}
 mkdir -p "$S" "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/trainer/src:$S/site"
+# the trainer from its source and the benchmarks and proofs packages (run as `python3 -m benchmarks.…`)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/trainer/src:$PWD/trainer:$S/site"
 
 [ -f "$S/gguf-part-00" ] || { echo "part 1 of the GGUF is not here: run call 1 (device_proof.sh stash) first"; exit 3; }
 if [ ! -f "$S/smollm2/dflash_smollm2.json" ]; then
@@ -31,11 +32,10 @@ fi
 mkdir -p "$S/serve"
 python3 - "$S" <<'EOF' || exit 8
 import sys
-sys.path.insert(0, "trainer/benchmarks")
-from proof_smollm2 import split_prompts
+from proofs.proof_smollm2 import split_prompts
 print("held-out prompts:", split_prompts(".artifacts/dev-b/prompts.jsonl", sys.argv[1] + "/serve", 32, 0, False)[1])
 EOF
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
-python3 trainer/benchmarks/serve_bench.py --target-model "$S/smollm2" --drafter "$S/init-drafter" \
+python3 -m benchmarks.serve_bench --target-model "$S/smollm2" --drafter "$S/init-drafter" \
     --prompts "$S/serve/eval_prompts.jsonl" --num-prompts 32 --max-new-tokens 128 --device cuda --dtype bfloat16 \
     --out "$OUT/serve-bench.json" "$@" 2>&1 | grep --line-buffered -v -E "Loading weights" | tee "$OUT/serve-bench.log"

@@ -8,7 +8,7 @@ import math
 import sys
 import time
 
-from timing import device_sync
+from .timing import device_sync
 
 
 def measure_peak(device, n: int) -> dict:

@@ -8,8 +8,8 @@ stages back to back in one process); it reads their metrics.jsonl and profile.js
 a row per transfer and per step) and kills a job once its last step is measured (the final checkpoint, 22 GB at
 the 27B shape, is no part of the figures).
 
-    python trainer/benchmarks/pipeline.py --preset cpu-tiny --out /tmp/pipeline.json      # CPU, gloo, < 1 min
-    python trainer/benchmarks/pipeline.py --preset h200-27b --out $OUT/pipeline.json      # GPUs
+    python -m benchmarks.pipeline --preset cpu-tiny --out /tmp/pipeline.json      # CPU, gloo, < 1 min
+    python -m benchmarks.pipeline --preset h200-27b --out $OUT/pipeline.json      # GPUs
 
 Modes (--mode auto picks by what is there): nccl = two GPUs, target on cuda:0 and drafter on cuda:1, hidden states
 over NCCL point-to-point; shared = both ranks on cuda:0, host-staged over gloo (NCCL refuses two ranks on one
@@ -42,16 +42,12 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(HERE, "..", "src")
-if SRC not in sys.path:
-    sys.path.insert(0, SRC)
+from dflash_trainer import cli  # (stdlib only; torch is imported in main)
+from dflash_trainer.prep import make_tiny  # (stdlib only at import, like cli)
+from dflash_trainer.telemetry.writers import read_jsonl  # (stdlib only)
 
-from dflash_trainer import cli  # noqa: E402  (stdlib only; torch is imported in main)
-from dflash_trainer.prep import make_tiny  # noqa: E402  (stdlib only at import, like cli)
-from dflash_trainer.telemetry.writers import read_jsonl  # noqa: E402  (stdlib only)
-from matmul_peak import measure_peak  # noqa: E402  (imports torch only when called)
-from preset_args import parse_with_preset  # noqa: E402
+from .matmul_peak import measure_peak  # (imports torch only when called)
+from .preset_args import parse_with_preset
 
 # dflash-train's flags this benchmark hands on (declared, defaulted and checked in config.py only).
 TRAIN_FLAGS = ("block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "token_budget",
@@ -62,7 +58,7 @@ TRAIN_FLAGS = ("block_size", "max_anchors", "num_draft_layers", "num_target_taps
 # anchors, 5 draft layers, 5 taps: the seed's drafter).
 PRESETS = {
     # Qwen3.5-27B-like (hidden 5120, 24 heads of 256, 4 KV heads, MLP 17408, vocab 248,320; tied embeddings) with
-    # 32 of its 64 layers: what fits one H200 beside the drafter (its step peaks at ~98 GB, benchmarks/results/
+    # 32 of its 64 layers: what fits one H200 beside the drafter (its step peaks at ~98 GB, results/
     # train-step-h200-27b-compiled.json; 32 layers are 21.8 GB + 2.5 GB of embedding, + ~6 GB of hidden states).
     "h200-27b": dict(shape=dict(hidden=5120, layers=32, heads=24, kv_heads=4, head_dim=256, intermediate=17408,
                                 vocab=248320, seq_len=8192),
@@ -277,7 +273,7 @@ def target_flop_per_token(shape: dict, layer_params: int, seq_len: int) -> float
 
 def drafter_flop_per_micro_batch(torch, drafter_cfg, data_dir: str, train: dict) -> tuple[float, int]:
     """train_step.flop_estimate over one micro-batch of this data (its anchors drawn as the trainer draws them)."""
-    from train_step import flop_estimate
+    from .train_step import flop_estimate
 
     from dflash_trainer.model.blocks import sample_anchors
     from dflash_trainer.data.batches import TokenizedDataset, collate
@@ -324,8 +320,7 @@ def main(argv=None) -> int:
     os.makedirs(work, exist_ok=True)
     result = {"preset": args.preset, "mode": mode, "shape": shape, "train_flags": train,
               "phases": {"fill": fill, "warmup_steps": warmup, "measure": measure}}
-    env = dict(os.environ, DFLASH_PROFILE_INTERVAL="0", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([os.path.abspath(SRC)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = dict(os.environ, DFLASH_PROFILE_INTERVAL="0", PYTHONUNBUFFERED="1")
     if mode == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")
 

@@ -7,9 +7,9 @@ make_tiny.qwen3_5_config, Gated DeltaNet + every 4th layer full attention) and r
 matrix peak in this process (matmul_peak.py), reads the ranks' profile.jsonl rows (DFLASH_PROFILE_INTERVAL=0: a
 row per transfer and per step) and kills a job once its last step is in (the final checkpoint is no figure).
 
-    python trainer/benchmarks/seed_layout.py --preset cpu-8 --splits 5:3,4:4 --out /tmp/seed.json   # CPU, gloo
-    python trainer/benchmarks/seed_layout.py --preset h200-x8-seed --out $OUT/seed-5-3.json         # 8 GPUs: 5+3
-    python trainer/benchmarks/seed_layout.py --preset h200-x8-seed --splits 6:2,5:3,4:4,3:5 ...     # the sweep
+    python -m benchmarks.seed_layout --preset cpu-8 --splits 5:3,4:4 --out /tmp/seed.json   # CPU, gloo
+    python -m benchmarks.seed_layout --preset h200-x8-seed --out $OUT/seed-5-3.json         # 8 GPUs: 5+3
+    python -m benchmarks.seed_layout --preset h200-x8-seed --splits 6:2,5:3,4:4,3:5 ...     # the sweep
 
 Layout: GPU, --target-gpus/--drafter-gpus (preset: 0-4 and 5-7; --splits T:D gives GPUs 0..T-1 and T..T+D-1);
 CPU (--device cpu), --target-ranks T of T+D processes.
@@ -37,16 +37,12 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(HERE, "..", "src")
-if SRC not in sys.path:
-    sys.path.insert(0, SRC)
+from dflash_trainer import cli  # (stdlib only)
+from dflash_trainer.telemetry.writers import read_jsonl  # (stdlib only)
 
-import pipeline  # noqa: E402  (write_data, run_job, FLOP formulas)
-from dflash_trainer import cli  # noqa: E402  (stdlib only)
-from dflash_trainer.telemetry.writers import read_jsonl  # noqa: E402  (stdlib only)
-from matmul_peak import PEAK_N, describe, measure_peak  # noqa: E402
-from preset_args import parse_with_preset  # noqa: E402
+from . import pipeline  # write_data, run_job, FLOP formulas
+from .matmul_peak import PEAK_N, describe, measure_peak
+from .preset_args import parse_with_preset
 
 TRAIN_FLAGS = ("target_gpus", "drafter_gpus", "device", "target_ranks", "target_gpus_per_rank", "token_budget",
                "max_seq_len", "max_batch_size", "grad_accum", "hs_queue_depth", "hs_queue_min_ready",
@@ -218,8 +214,7 @@ def main(argv=None) -> int:
     os.makedirs(work, exist_ok=True)
     result = {"preset": preset, "train_flags": train, "steps": spec["steps"], "warmup_steps": spec["warmup"],
               "jobs": []}
-    env = dict(os.environ, DFLASH_PROFILE_INTERVAL="0", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([os.path.abspath(SRC)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = dict(os.environ, DFLASH_PROFILE_INTERVAL="0", PYTHONUNBUFFERED="1")
     if not cuda:
         env.setdefault("OMP_NUM_THREADS", "1")
     try:

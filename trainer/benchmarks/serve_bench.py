@@ -1,6 +1,6 @@
 """Serving speed of a DFlash drafter: batch-1 greedy decoding, the target alone vs the product's speculative loop.
 
-    python trainer/benchmarks/serve_bench.py --target-model TARGET --drafter EXPORT --prompts held_out.jsonl \
+    python -m benchmarks.serve_bench --target-model TARGET --drafter EXPORT --prompts held_out.jsonl \
         --num-prompts 32 --max-new-tokens 256 --device cuda --dtype bfloat16 [--compile] --out report.json
 
 Both paths decode the same prompts, greedily, one sequence at a time, in the same dtype and with the same

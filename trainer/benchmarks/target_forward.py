@@ -1,8 +1,8 @@
 """Time the frozen target's forward as dflash-train runs it, against the peak measured in this process (issue 15).
 
-    python trainer/benchmarks/target_forward.py --preset qwen3-8b --out $OUT/target-forward.json   # one H200
-    python trainer/benchmarks/target_forward.py --preset qwen3-8b --num-layers 12 --profile        # + time per part
-    python trainer/benchmarks/target_forward.py --preset tiny-cpu                                  # CPU, seconds
+    python -m benchmarks.target_forward --preset qwen3-8b --out $OUT/target-forward.json   # one H200
+    python -m benchmarks.target_forward --preset qwen3-8b --num-layers 12 --profile        # + time per part
+    python -m benchmarks.target_forward --preset tiny-cpu                                  # CPU, seconds
 
 The target has random weights: a transformers Qwen3Config / Qwen3ForCausalLM of the preset's shape, written with
 save_pretrained (pipeline.write_target) and loaded by dflash_trainer.model.target.FrozenTarget exactly as dflash-train
@@ -28,14 +28,14 @@ import sys
 import tempfile
 import time
 
-from matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
-from preset_args import parse_with_preset
-from pipeline import target_flop_per_token, write_target  # pipeline puts trainer/src on the path
-from profile_parts import profile_steps
-from timing import device_sync, timed_calls
-
 from dflash_trainer import cli
 from dflash_trainer.config import default_target_layer_ids
+
+from .matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
+from .pipeline import target_flop_per_token, write_target
+from .preset_args import parse_with_preset
+from .profile_parts import profile_steps
+from .timing import device_sync, timed_calls
 
 # dflash-train's flags this benchmark takes (declared, defaulted and checked in config.py only).
 TRAIN_FLAGS = ("device", "num_target_taps", "use_soft_labels")

@@ -3,10 +3,10 @@
 No target model is needed: the drafter is built from its config, with random frozen embed_tokens /
 lm_head and random target features, so the 27B target's drafter shape runs on one H200:
 
-    python trainer/benchmarks/train_step.py --preset h200-27b --out results.json
-    python trainer/benchmarks/train_step.py --preset h200-27b --profile   # + time per part (issue 15)
-    python trainer/benchmarks/train_step.py --preset tiny-cpu            # the CPU demo shape
-    python trainer/benchmarks/train_step.py --hidden 4096 --num-draft-layers 5 --vocab 151936 --device cuda ...
+    python -m benchmarks.train_step --preset h200-27b --out results.json
+    python -m benchmarks.train_step --preset h200-27b --profile   # + time per part (issue 15)
+    python -m benchmarks.train_step --preset tiny-cpu            # the CPU demo shape
+    python -m benchmarks.train_step --hidden 4096 --num-draft-layers 5 --vocab 151936 --device cuda ...
 
 The drafter's settings are dflash-train's own flags (--block-size, --max-anchors, --num-draft-layers,
 --num-target-taps, --gamma, --lr, --head-chunk-size, --use-soft-labels, ...), with dflash-train's defaults.
@@ -33,11 +33,6 @@ import sys
 
 import torch
 
-from matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
-from preset_args import parse_with_preset
-from profile_parts import PROFILE_STEPS, profile_steps
-from timing import device_sync, timed_calls
-
 from dflash_trainer import cli
 from dflash_trainer.model.blocks import sample_anchors
 from dflash_trainer.config import check_fp8_setting
@@ -46,6 +41,11 @@ from dflash_trainer.loss import head_chunk_rows
 from dflash_trainer.loop.optimizer import drafter_adamw
 from dflash_trainer.loop.step import derived_seed, drafter_micro_batch
 from dflash_trainer.loop.train import prepare_drafter
+
+from .matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
+from .preset_args import parse_with_preset
+from .profile_parts import PROFILE_STEPS, profile_steps
+from .timing import device_sync, timed_calls
 
 # The trainer flags this benchmark takes: dflash-train's own (declaration, defaults and checks in config.py).
 TRAIN_FLAGS = ("device", "block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "lr", "weight_decay",

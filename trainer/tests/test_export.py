@@ -1,4 +1,4 @@
-"""Export: key names and config fields as DFLASH.md lists them, and an exact reload round trip."""
+"""Export: key names and config fields as docs/dflash.md lists them, and an exact reload round trip."""
 
 import json
 import os

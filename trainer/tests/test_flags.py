@@ -10,12 +10,14 @@ import re
 
 import pytest
 
-from trainer_testlib import BENCHMARKS, load_benchmark
+from trainer_testlib import load_benchmark
 from dflash_trainer import cli
 from dflash_trainer.config import TrainConfig, declared_default, env_fields, flag_fields, option_name
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "dflash_trainer")
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
+PROOFS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "proofs")
 TRAIN_FLAGS = {option_name(f): f for f in flag_fields()}
 
 
@@ -35,10 +37,10 @@ def trainer_flag_problems(parser: argparse.ArgumentParser) -> list[str]:
 
 def _parsers():
     yield "dflash-train", cli.build_parser()
-    yield "proof_smollm2", load_benchmark("proof_smollm2").build_parser()
-    yield "train_step", load_benchmark("train_step").build_parser()
-    yield "target_forward", load_benchmark("target_forward").build_parser()
-    yield "seed_layout", load_benchmark("seed_layout").build_parser()
+    yield "proof_smollm2", load_benchmark("proofs.proof_smollm2").build_parser()
+    yield "train_step", load_benchmark("benchmarks.train_step").build_parser()
+    yield "target_forward", load_benchmark("benchmarks.target_forward").build_parser()
+    yield "seed_layout", load_benchmark("benchmarks.seed_layout").build_parser()
 
 
 @pytest.mark.parametrize("name,parser", list(_parsers()), ids=lambda x: x if isinstance(x, str) else "")
@@ -60,9 +62,9 @@ def test_the_check_finds_a_default_declared_twice():
 # The files that take dflash-train's flags. (dflash-eval, dflash-prepare-data, dflash-export, dflash-make-tiny and
 # the evaluation worker are other commands, with flags of their own: e.g. prepare-data's --max-seq-len refuses
 # longer rows where dflash-train's truncates.)
-TAKERS = [os.path.join(SRC, "cli.py")] + [os.path.join(BENCHMARKS, n) for n in
-                                          ("proof_smollm2.py", "proof_toy_cpu.py", "train_step.py", "proof_report.py",
-                                           "target_forward.py", "seed_layout.py")]
+TAKERS = ([os.path.join(SRC, "cli.py")]
+          + [os.path.join(PROOFS, n) for n in ("proof_smollm2.py", "proof_toy_cpu.py", "proof_report.py")]
+          + [os.path.join(BENCHMARKS, n) for n in ("train_step.py", "target_forward.py", "seed_layout.py")])
 
 
 def test_no_taker_declares_a_trainer_flag_by_hand():
@@ -80,11 +82,12 @@ def test_old_proof_flag_names_are_gone():
     """The proof's own vocabulary (before it drove dflash-train) is not used by any benchmark or script."""
     old = ("--soft-labels", "--layers", "--taps", "--minutes", "--train-devices", "--warmup-batches", "--log-every",
            "--eager-layers", "--head-chunk ", "--anchors", "--block ", "--labels")
-    for name in sorted(os.listdir(BENCHMARKS)):
-        if name.endswith((".py", ".sh")):
-            text = open(os.path.join(BENCHMARKS, name)).read()
-            used = [flag for flag in old if re.search(re.escape(flag) + r"(?![a-z-])", text)]
-            assert used == [], name
+    for folder in (BENCHMARKS, PROOFS):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith((".py", ".sh")):
+                text = open(os.path.join(folder, name)).read()
+                used = [flag for flag in old if re.search(re.escape(flag) + r"(?![a-z-])", text)]
+                assert used == [], name
 
 
 def test_generated_parser_defaults_are_the_declarations():

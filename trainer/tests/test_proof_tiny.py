@@ -14,7 +14,7 @@ from trainer_testlib import load_benchmark, read_heartbeat, read_metrics
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("labels", [[], ["--use-soft-labels"]], ids=["hard", "soft"])
 def test_proof_tiny_drives_dflash_train_and_reports(tmp_path, capfd, labels):
-    driver = load_benchmark("proof_smollm2")
+    driver = load_benchmark("proofs.proof_smollm2")
     out = tmp_path / "proof"
     assert driver.main(["--tiny", "--out", str(out), "--time-budget-min", "0.1", "--snapshot-minutes", "0.05",
                         "--device", "cpu", "--report-dir", str(tmp_path / "report")] + labels) == 0

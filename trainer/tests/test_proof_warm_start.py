@@ -18,7 +18,7 @@ from dflash_trainer.loop import train
 
 @pytest.mark.timeout(600)
 def test_warm_start_continues_from_the_export_and_refuses_another_shape(tmp_path, capsys):
-    driver = load_benchmark("proof_smollm2")
+    driver = load_benchmark("proofs.proof_smollm2")
     first = tmp_path / "first"
     assert driver.main(["--tiny", "--out", str(first), "--time-budget-min", "0.2", "--snapshot-minutes", "0.2",
                         "--device", "cpu", "--log-interval", "1"]) == 0

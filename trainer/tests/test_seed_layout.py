@@ -9,7 +9,7 @@ from trainer_testlib import load_benchmark
 
 @pytest.mark.timeout(150)
 def test_cpu_preset_reports_each_stage_the_queue_and_the_sweep_and_every_rank_took_part(tmp_path, capsys):
-    seed_layout = load_benchmark("seed_layout")
+    seed_layout = load_benchmark("benchmarks.seed_layout")
     out = tmp_path / "seed.json"
     assert seed_layout.main(["--preset", "cpu-8", "--splits", "2:2,1:1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -40,6 +40,6 @@ def test_cpu_preset_reports_each_stage_the_queue_and_the_sweep_and_every_rank_to
 
 
 def test_bad_splits_are_refused_in_one_line(capsys):
-    assert load_benchmark("seed_layout").main(["--preset", "cpu-8", "--splits", "5"]) == 2
+    assert load_benchmark("benchmarks.seed_layout").main(["--preset", "cpu-8", "--splits", "5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--splits '5': give target:drafter rank counts" in err

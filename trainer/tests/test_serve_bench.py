@@ -30,7 +30,7 @@ def export_and_prompts(tiny, tmp_path_factory):
 
 def test_serve_bench_cpu_function(tiny, export_and_prompts, capsys):
     export, prompts, root = export_and_prompts
-    bench = load_benchmark("serve_bench")
+    bench = load_benchmark("benchmarks.serve_bench")
     rc = bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts, "--num-prompts",
                      "3", "--max-new-tokens", "12", "--device", "cpu", "--dtype", "float32", "--out",
                      str(root / "report.json")])
@@ -53,7 +53,7 @@ def test_serve_bench_cpu_function(tiny, export_and_prompts, capsys):
 def test_serve_bench_reports_a_divergence_with_its_margin(tiny):
     """A divergence from plain decoding is found at its first position, with the target's logit margin."""
     from transformers import AutoModelForCausalLM
-    bench = load_benchmark("serve_bench")
+    bench = load_benchmark("benchmarks.serve_bench")
     model = AutoModelForCausalLM.from_pretrained(tiny["target"], dtype=torch.float32).eval()
     prompt = [5, 6, 7, 8]
     plain = bench.plain_decode(model, [prompt], 6, set(), static_cache=False)[0][0].tokens
@@ -68,7 +68,7 @@ def test_serve_bench_refuses_missing_cuda_in_one_line(tiny, export_and_prompts, 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible")
     export, prompts, _ = export_and_prompts
-    bench = load_benchmark("serve_bench")
+    bench = load_benchmark("benchmarks.serve_bench")
     assert bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--device cpu" in err[0]

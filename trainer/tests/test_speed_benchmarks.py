@@ -15,8 +15,8 @@ from torch.autograd.profiler_util import FunctionEvent
 from trainer_testlib import load_benchmark
 from dflash_trainer.config import default_target_layer_ids
 
-matmul_peak = load_benchmark("matmul_peak")
-profile_parts = load_benchmark("profile_parts")
+matmul_peak = load_benchmark("benchmarks.matmul_peak")
+profile_parts = load_benchmark("benchmarks.profile_parts")
 
 
 def test_measured_peak_is_a_positive_rate_of_the_asked_product():
@@ -101,10 +101,10 @@ def test_train_step_prints_the_measured_peak_and_the_parts_of_a_profiled_step(tm
     out = tmp_path / "step.json"
     argv = ["--preset", "tiny-cpu", "--seq-len", "128", "--batch", "2", "--steps", "1", "--warmup", "1",
             "--profile", "--out", str(out)]
-    assert load_benchmark("train_step").main(argv) == 0
+    assert load_benchmark("benchmarks.train_step").main(argv) == 0
     text = capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert result["peak"]["tflops"] > 0 and "--peak-tflops" not in load_benchmark("train_step").__doc__
+    assert result["peak"]["tflops"] > 0 and "--peak-tflops" not in load_benchmark("benchmarks.train_step").__doc__
     assert result["ratio_to_peak"] == pytest.approx(result["achieved_tflops"] / result["peak"]["tflops"])
     assert f"share of measured peak  {result['ratio_to_peak']:.4g}" in text
     assert "best of ten 512^3 float32 matrix products on cpu in this process" in text
@@ -123,7 +123,7 @@ def _hand_layer_params(H, heads, kv, d, inter):
 
 
 def test_target_forward_runs_the_trainers_target_and_counts_flop_by_hand(tmp_path, capsys):
-    target_forward = load_benchmark("target_forward")
+    target_forward = load_benchmark("benchmarks.target_forward")
     out = tmp_path / "forward.json"
     argv = ["--preset", "tiny-cpu", "--num-layers", "6", "--seq-len", "64", "--batch", "3", "--steps", "1",
             "--profile", "--out", str(out)]
@@ -146,7 +146,7 @@ def test_target_forward_runs_the_trainers_target_and_counts_flop_by_hand(tmp_pat
 
 
 def test_target_forward_refuses_too_few_layers_before_writing_anything(tmp_path, capsys):
-    target_forward = load_benchmark("target_forward")
+    target_forward = load_benchmark("benchmarks.target_forward")
     assert target_forward.main(["--num-layers", "3", "--work-dir", str(tmp_path / "w")]) == 2
     assert "pass --num-layers 4 or more" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
@@ -155,7 +155,7 @@ def test_target_forward_refuses_too_few_layers_before_writing_anything(tmp_path,
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")
 @pytest.mark.parametrize("script", ["train_step", "target_forward"])
 def test_cuda_asked_for_without_cuda_is_one_line_and_exit_2(script, capsys):
-    bench = load_benchmark(script)
+    bench = load_benchmark("benchmarks." + script)
     with pytest.raises(SystemExit) as stopped:
         bench.main(["--preset", "tiny-cpu", "--device", "cuda"])
     err = capsys.readouterr().err.strip()
@@ -175,7 +175,7 @@ def test_cuda_asked_for_without_cuda_is_one_line_and_exit_2(script, capsys):
 def test_a_bad_environment_knob_is_refused_by_the_parser_before_anything_runs(script, knob, value, error,
                                                                                monkeypatch, capsys):
     monkeypatch.setenv(knob, value)
-    bench = load_benchmark(script)
+    bench = load_benchmark("benchmarks." + script)
     with pytest.raises(SystemExit) as stopped:
         bench.main(["--preset", "tiny-cpu"])
     out = capsys.readouterr()

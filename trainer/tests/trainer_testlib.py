@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -16,18 +16,12 @@ import time
 
 from dflash_trainer.telemetry.writers import read_jsonl
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
-
-
 def load_benchmark(name):
-    """A trainer/benchmarks script as a module (that folder is not a package). Its folder goes on sys.path, as
-    Python puts it there for the script when run, so that the sibling modules it imports are found."""
-    if BENCHMARKS not in sys.path:
-        sys.path.insert(0, BENCHMARKS)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A module of the packages `benchmarks` (trainer/benchmarks) or `proofs` (trainer/proofs), e.g.
+    "benchmarks.train_step", imported afresh as a run would: its module-level state (the proof's start time, settings
+    read from the environment) is new. (pytest's `pythonpath` puts trainer/ on sys.path, as `python -m` run from
+    trainer/ does.)"""
+    return importlib.reload(importlib.import_module(name))
 
 
 def train_cmd(tiny, out_dir, *extra):

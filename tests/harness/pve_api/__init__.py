@@ -1,4 +1,4 @@
-"""A Proxmox VE API stand-in for tests: HTTPS on 127.0.0.1, PROXMOX.md's subset, real LXC containers behind it.
+"""A Proxmox VE API stand-in for tests: HTTPS on 127.0.0.1, docs/proxmox.md's subset, real LXC containers behind it.
 
     python -m harness.pve_api start <state_dir> [--node pve1] [--vm 150]… [--pve-version 8.2.4] [--gpus 8]
                                                 [--next-id 300]      # (from tests/) background server

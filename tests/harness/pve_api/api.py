@@ -1,4 +1,4 @@
-"""The API methods of PROXMOX.md's subset, over the PVE files and the real LXC containers (backend)."""
+"""The API methods of docs/proxmox.md's subset, over the PVE files and the real LXC containers (backend)."""
 from __future__ import annotations
 
 import os
@@ -56,7 +56,7 @@ def check_lock(keys: dict) -> None:
 
 
 def has_devn(ctx: Context) -> bool:
-    """devN exists from pve-container 5.0.7 = PVE 8.1 on (PROXMOX.md)."""
+    """devN exists from pve-container 5.0.7 = PVE 8.1 on (docs/proxmox.md)."""
     nums = [int(x) for x in re.findall(r"\d+", ctx.version)[:2]]
     return tuple(nums) >= (8, 1)
 

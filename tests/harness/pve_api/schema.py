@@ -1,4 +1,4 @@
-"""Parameter verification and the root@pam-only rules of PVE's container API (PROXMOX.md; texts from
+"""Parameter verification and the root@pam-only rules of PVE's container API (docs/proxmox.md; texts from
 pve-common's JSONSchema and pve-container's check_ct_modify_config_perm)."""
 from __future__ import annotations
 

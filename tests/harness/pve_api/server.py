@@ -1,4 +1,4 @@
-"""HTTPS request handling: auth (ticket + CSRF, API tokens), PVE's response shapes, the routes of PROXMOX.md."""
+"""HTTPS request handling: auth (ticket + CSRF, API tokens), PVE's response shapes, the routes of docs/proxmox.md."""
 from __future__ import annotations
 
 import base64

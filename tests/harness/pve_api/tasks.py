@@ -1,6 +1,6 @@
 """PVE worker tasks: UPIDs and their status, each task run on a thread of the server.
 
-UPID = `UPID:<node>:<pid %08X>:<pstart %08X>:<starttime %08X>:<type>:<id>:<user>:` (PROXMOX.md). The pid and
+UPID = `UPID:<node>:<pid %08X>:<pstart %08X>:<starttime %08X>:<type>:<id>:<user>:` (docs/proxmox.md). The pid and
 pstart are the worker thread's own (its native thread id and its start time in clock ticks from
 /proc/self/task/<tid>/stat), as PVE's are those of its forked worker.
 """

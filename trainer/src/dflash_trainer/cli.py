@@ -18,7 +18,7 @@ Check a configuration without running it (every problem one line, exit 2; `ok` a
 Exit status: 0 finished (also after SIGTERM, which checkpoints first); 2 refused at start; 1 failed.
 
 The flags are not declared here: each is a field of config.TrainConfig (default, help, parsing, check), and
-build_parser() generates them (add_train_flags, which drivers such as benchmarks/proof_smollm2.py use too).
+build_parser() generates them (add_train_flags, which drivers such as proofs/proof_smollm2.py use too).
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ DEVICES = "devices (single process: the first GPU of each list is used)"
 OPTIMIZATION = "optimization"
 WALL_CLOCK = "wall-clock schedule (instead of steps)"
 BATCHING = "batching"
-METHOD = "DFlash method (see DFLASH.md)"
+METHOD = "DFlash method (see docs/dflash.md)"
 CONTRACT = "run contract"
 TORCHRUN = "several processes (under torchrun: dist_train.py)"
 
@@ -265,7 +265,7 @@ class TrainConfig:
     mask_token_id: int | None = flag(None, parse=parse_int, group=METHOD,
                                      help="default: <|MASK|> from the target's added_tokens.json or tokenizer.json")
     target_layer_ids: list[int] | None = flag(None, parse=parse_int_list, group=METHOD, metavar="I,J,...",
-                                              help="comma-separated tapped layers (default: DFLASH.md rule)")
+                                              help="comma-separated tapped layers (default: docs/dflash.md rule)")
     num_target_taps: int = flag(5, parse=parse_int, check=at_least(1), group=METHOD,
                                 help="K, when --target-layer-ids is not given")
     head_chunk_size: int | None = flag(None, parse=parse_int, check=at_least(1), group=METHOD,
@@ -508,7 +508,7 @@ def find_mask_token_id(model_dir: str) -> int | None:
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
-    """DFLASH.md: start 1, end T-3, id_i = round(1 + i*(end-start)/(K-1)); K = 1 -> T // 2."""
+    """docs/dflash.md: start 1, end T-3, id_i = round(1 + i*(end-start)/(K-1)); K = 1 -> T // 2."""
     if num_taps == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3

@@ -142,7 +142,7 @@ class LossOutput:
 
 def dflash_loss(hidden_BQH, lm_head_weight, input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA,
                 block_size: int, gamma: float, target_last_BTH=None, chunk: int | None = None) -> LossOutput:
-    """The DFLASH.md objective for one micro-batch of drafter outputs.
+    """The docs/dflash.md objective for one micro-batch of drafter outputs.
 
     target_last_BTH: the target's final-normed last hidden state; given -> soft labels from index a+k-1."""
     B, A = anchors_BA.shape

@@ -7,7 +7,7 @@
 One transport call ships this package (controller/lifecycle_shipping.py) and calls main(), so that a restart
 costs one `pct exec`, and the same code is what local mode and the container tests exercise. Stdlib only.
 
-Run directory contract (DESIGN.md): launch.json, pid, train.log, heartbeat.json, checkpoints/, metrics.jsonl,
+Run directory contract (docs/design.md): launch.json, pid, train.log, heartbeat.json, checkpoints/, metrics.jsonl,
 telemetry.jsonl.
 """
 

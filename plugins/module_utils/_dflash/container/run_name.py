@@ -2,7 +2,7 @@
 # Copyright: (c) 2026, dflash.ops contributors
 # Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""The one rule for run names (DESIGN.md, the run contract); the role's preflight uses it as a test plugin."""
+"""The one rule for run names (docs/design.md, the run contract); the role's preflight uses it as a test plugin."""
 
 import re
 

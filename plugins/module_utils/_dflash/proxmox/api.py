@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Proxmox VE API through proxmoxer: connection options (declared once), one-line errors, task waits.
 
-PVE answers errors with the message as the HTTP reason phrase (PROXMOX.md): proxmoxer's ResourceException carries it
+PVE answers errors with the message as the HTTP reason phrase (docs/proxmox.md): proxmoxer's ResourceException carries it
 as `content`; 401 has an empty body; "does not exist" is a 500.
 """
 

@@ -79,5 +79,5 @@ def raw_gpu_lines(paths, majors):
 
 
 def shm_line(size_gib):
-    """The raw line that gives the container's /dev/shm a size (PROXMOX.md): its pages count against `memory`."""
+    """The raw line that gives the container's /dev/shm a size (docs/proxmox.md): its pages count against `memory`."""
     return "lxc.mount.entry: tmpfs dev/shm tmpfs nodev,nosuid,size=%dg,mode=1777,create=dir 0 0" % size_gib

@@ -199,7 +199,7 @@ def check_create_only(want, current, vmid):
 
 
 def root_only(changes, deletes, current, create):
-    """The keys of a request that PVE allows only to the exact user root@pam (PROXMOX.md): devN, bind mounts, and
+    """The keys of a request that PVE allows only to the exact user root@pam (docs/proxmox.md): devN, bind mounts, and
     feature flags other than nesting (any flag of a privileged container)."""
     keys = []
     for key, (_before, after) in sorted(changes.items()):

@@ -2,7 +2,7 @@
 # Copyright: (c) 2026, dflash.ops contributors
 # Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
-"""Memory arithmetic of a training container (PROXMOX.md, "Memory and /dev/shm").
+"""Memory arithmetic of a training container (docs/proxmox.md, "Memory and /dev/shm").
 
 /dev/shm is a tmpfs whose pages count against the container's memory cgroup, so the container's `memory` must hold
 the staged weights (the /dev/shm size) and the trainer's own host memory at once.

@@ -1,4 +1,4 @@
-"""Greedy speculative decoding with a DFlash drafter, a prompt-lookup baseline, or an oracle (DFLASH.md,
+"""Greedy speculative decoding with a DFlash drafter, a prompt-lookup baseline, or an oracle (docs/dflash.md,
 "Drafting at inference" and "Measuring τ").
 
 One sequence at a time, correctness first:

@@ -1,5 +1,5 @@
 """dflash-export: a checkpoint -> a directory SGLang (--speculative-algorithm DFLASH) and vLLM
-("method": "dflash") load as a DFlash draft (z-lab format, DFLASH.md "Export").
+("method": "dflash") load as a DFlash draft (z-lab format, docs/dflash.md "Export").
 
     dflash-export --checkpoint OUTPUT_DIR/checkpoints/step-N --target-model TARGET_DIR --out EXPORT_DIR
 

@@ -1,5 +1,5 @@
 """The training loop: devices, build, resume, loop { snapshot when due, step, log when due, checkpoint when due },
-finish. The one loop that trains: the proof (benchmarks/proof_smollm2.py) runs dflash-train, it has none of its own.
+finish. The one loop that trains: the proof (proofs/proof_smollm2.py) runs dflash-train, it has none of its own.
 
 Entered from cli.main after the first heartbeat. Refusals that need torch (GPUs that do not exist,
 GPU lists without CUDA) raise StartupError before any weights load.

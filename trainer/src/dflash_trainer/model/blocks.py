@@ -1,4 +1,4 @@
-"""Anchors, block inputs, same-position labels and the block-sparse visibility mask (DFLASH.md).
+"""Anchors, block inputs, same-position labels and the block-sparse visibility mask (docs/dflash.md).
 
 Legend: B sequences, T padded context length, A anchors per sequence (padded), S block size,
 Q = A*S block query positions. Query q belongs to block q // S, slot q % S.

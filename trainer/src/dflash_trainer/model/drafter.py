@@ -1,4 +1,4 @@
-"""The DFlash draft model (DFLASH.md, "Drafter architecture").
+"""The DFlash draft model (docs/dflash.md, "Drafter architecture").
 
 fc over the K tapped target features + hidden_norm give one context vector c per target position.
 L Qwen3-style layers take only the block tokens x as queries; keys/values are [W_k c ; W_k x] and
@@ -296,7 +296,7 @@ class DFlashDrafter(nn.Module):
             self.lm_head.weight.copy_(lm_head_weight)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Exactly the export keys (DFLASH.md): no embed_tokens, no lm_head."""
+        """Exactly the export keys (docs/dflash.md): no embed_tokens, no lm_head."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith(FROZEN_PREFIXES)}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -1,6 +1,6 @@
 """The frozen target: a HF causal LM from a local directory, returning its tapped hidden states.
 
-Feature of tapped layer id i = the output of decoder layer i = HF `hidden_states[i + 1]` (DFLASH.md).
+Feature of tapped layer id i = the output of decoder layer i = HF `hidden_states[i + 1]` (docs/dflash.md).
 For soft labels it also returns the final-normed last hidden state (`last_hidden_state`); the loss
 applies lm_head to it chunk by chunk, so full-vocabulary logits never exist for a whole batch.
 With `split_over` (several devices, the first = `device`) the layers are spread over them (target_split.py);

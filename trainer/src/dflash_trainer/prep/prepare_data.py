@@ -12,7 +12,7 @@ Tokenization uses the target's tokenizer and chat template. loss_mask is 1 on as
 assistant turn's text as the template renders it (content and end-of-turn marker), found by rendering
 the conversation up to that turn with and without the generation prompt.
 
---regenerate (DFLASH.md "Data": the drafter must imitate the target): each row's prompt (the messages
+--regenerate (docs/dflash.md "Data": the drafter must imitate the target): each row's prompt (the messages
 before the first assistant turn) is answered by the target itself (vLLM when importable and
 --engine allows, else transformers generate, batched, left padding). The row is then the prompt ids
 plus the generated ids exactly as generated (not re-tokenized text), loss_mask 1 on the generated ids.

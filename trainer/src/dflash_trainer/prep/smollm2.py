@@ -12,7 +12,7 @@ safetensors + tokenizer, so every later load is a normal, fast `from_pretrained(
 The package is never imported (its __init__ needs `llm` and `llama_cpp`): only its folder is located.
 The result is the Q4_1 model, dequantized: a real instruction-tuned LM (not the bf16 original).
 
-Mask token (DFLASH.md: an id that exists in the target's embedding table, never produced by the
+Mask token (docs/dflash.md: an id that exists in the target's embedding table, never produced by the
 data). SmolLM2's vocabulary (49,152) has no padded spare rows and no <|MASK|>; it does have special
 tokens for code-corpus pretraining that chat never uses. We take `<empty_output>` (id 16 in
 SmolLM2's vocabulary): a single special token, a real embedding row, and absent from chat-template

@@ -1,4 +1,4 @@
-"""heartbeat.json: the run contract's liveness file (DESIGN.md, "The run contract").
+"""heartbeat.json: the run contract's liveness file (docs/design.md, "The run contract").
 
 Stdlib only, because the first heartbeat is written before torch is imported.
 Content: {pid, phase, step, epoch, tokens_per_s, loss, updated_at, error?, stopped?}; always replaced

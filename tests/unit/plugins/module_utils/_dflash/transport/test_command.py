@@ -94,7 +94,7 @@ def test_pct_missing_is_a_clear_error(tmp_path):
 
 
 def test_container_not_running_names_vmid_and_fix(tmp_path):
-    # What pve-container prints (PROXMOX.md): "container '<vmid>' not running!" on stderr, exit 255.
+    # What pve-container prints (docs/proxmox.md): "container '<vmid>' not running!" on stderr, exit 255.
     pct = _stand_in(tmp_path, "echo \"container '$2' not running!\" >&2; exit 255")
     with pytest.raises(t.ContainerNotRunning) as exc:
         t.Transport("pct", vmid=201, pct_path=pct).run(["true"])

@@ -4,7 +4,7 @@
   - inline, after training, on the training device (one GPU): the longest-trained snapshot first, then the
     shorter ones while the deadline allows;
   - as a worker process on a second device while the drafter trains (`--eval-device cuda:1`):
-        python trainer/benchmarks/proof_eval.py --out OUT --device cuda:1
+        python -m proofs.proof_eval --out OUT --device cuda:1
     it evaluates the baseline, then each snapshot as soon as train/snapshots.jsonl names it (dflash-train appends
     a line there for each snapshot it keeps), and stops once train/done (written by the driver when dflash-train
     has exited) exists and every named snapshot has a result. Anything the worker left undone (it crashed, or

@@ -4,13 +4,13 @@ losslessly. This script is a driver: the training is dflash-train's own loop, ru
 trainer flag (--block-size, --use-soft-labels, --time-budget-min, ...) is dflash-train's, with its default.
 
 Real target (one GPU; the SmolLM2 dir comes from `dflash-smollm2-prepare`), the SmolLM2 proof's settings:
-    python trainer/benchmarks/proof_smollm2.py --target-model ~/.cache/dflash/smollm2-135m-instruct \
+    python -m proofs.proof_smollm2 --target-model ~/.cache/dflash/smollm2-135m-instruct \
         --prompts prompts.jsonl --out runs/proof --device cuda --time-budget-min 10 --snapshot-minutes 2,5 \
         --block-size 16 --gamma 7 --num-draft-layers 5 --max-anchors 256 --token-budget 32768 \
         --max-seq-len 1024 --grad-accum 1 --lr 1e-3 --use-soft-labels --epochs 100 --log-interval 50 \
         --checkpoint-interval 100000 --compile-warmup-batches 2
 CPU smoke test of the whole path (tiny random Qwen3 target, tiny tokenizer, synthetic chats, TINY_TRAIN_ARGV):
-    python trainer/benchmarks/proof_smollm2.py --tiny --out /tmp/proof-tiny
+    python -m proofs.proof_smollm2 --tiny --out /tmp/proof-tiny
 
 Several devices: --regen-devices cuda:0,cuda:1 splits the regeneration between them; --eval-device evaluates
 the baseline and each snapshot on its own device while the drafter trains (e.g. cpu, or a second GPU).
@@ -49,9 +49,7 @@ from dflash_trainer import cli
 from dflash_trainer.config import find_mask_token_id
 from dflash_trainer.prep.prepare_data import prepare
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder is not a package
-import proof_eval  # noqa: E402
-import proof_report  # noqa: E402
+from . import proof_eval, proof_report
 
 T0 = time.time()
 
@@ -248,13 +246,17 @@ def train_config(args, train_argv: list[str], data_dir: str, mask_token_id: int 
 
 
 def start_eval_worker(out: str, device: str, deadline_s: float | None, threads: int | None) -> subprocess.Popen:
-    cmd = [sys.executable, proof_eval.__file__, "--out", out, "--device", device]
+    cmd = [sys.executable, "-m", proof_eval.__name__, "--out", out, "--device", device]
     if threads:
         cmd += ["--threads", str(threads)]
     if deadline_s is not None:
         cmd += ["--deadline-epoch", str(T0 + deadline_s)]
     log(f"evaluation worker on {device}: {' '.join(cmd)}")
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)  # its lines go to this process's stdout
+    # The worker runs as `-m proofs.proof_eval`: the child's PYTHONPATH names the folder that holds this package, which
+    # this process may have found through its working directory or pytest's pythonpath rather than PYTHONPATH.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(proof_eval.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)  # its lines go to this process's stdout
 
 
 def finish_eval_worker(worker: subprocess.Popen, deadline_s: float | None) -> None:

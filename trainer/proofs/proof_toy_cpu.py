@@ -6,7 +6,7 @@ tiny_tokenizer.py (count from a to b, repeat three words three times, list a cat
 answers follow rules; then proof_smollm2.py runs unchanged on it: regenerate (greedy), dflash-train with a
 time budget and snapshots, export, reload, τ vs prompt lookup, losslessness.
 
-    python trainer/benchmarks/proof_toy_cpu.py --out /tmp/proof-toy          # ~5 min on 2 CPU cores
+    python -m proofs.proof_toy_cpu --out /tmp/proof-toy          # ~5 min on 2 CPU cores
 Other flags go to proof_smollm2.py after the toy's own (so they win), e.g. --time-budget-min 4.
 """
 
@@ -20,16 +20,13 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from dflash_trainer import cli
+from dflash_trainer.data.batches import TokenizedDataset, collate
+from dflash_trainer.prep.make_tiny import write_target
+from dflash_trainer.prep.prepare_data import prepare
+from dflash_trainer.prep.tiny_tokenizer import save_tokenizer, synthetic_chats
 
-import proof_smollm2  # noqa: E402
-
-from dflash_trainer import cli  # noqa: E402
-from dflash_trainer.data.batches import TokenizedDataset, collate  # noqa: E402
-from dflash_trainer.prep.make_tiny import write_target  # noqa: E402
-from dflash_trainer.prep.prepare_data import prepare  # noqa: E402
-from dflash_trainer.prep.tiny_tokenizer import save_tokenizer, synthetic_chats  # noqa: E402
+from . import proof_smollm2
 
 
 def write_jsonl(path, rows):

@@ -7,13 +7,13 @@
 #               mkdir -p .artifacts/dev-a .artifacts/dev-b && split -n 2 -d "$G" .artifacts/gguf-part-
 #               mv .artifacts/gguf-part-00 .artifacts/dev-a/ && mv .artifacts/gguf-part-01 .artifacts/dev-b/
 #               pip download --no-deps gguf==0.19.0 -d .artifacts/dev-a && cp .artifacts/dev-a/*.whl .artifacts/dev-b/
-#               python trainer/benchmarks/proof_prompts.py --num-chitchat 22500 --out .artifacts/dev-b/prompts.jsonl  (run 2: 6000)
+#               (cd trainer && python -m proofs.proof_prompts --num-chitchat 22500 --out ../.artifacts/dev-b/prompts.jsonl)  (run 2: 6000)
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
 #               (optional) cat <files_at of an earlier watch>/data.tar.part-* > .artifacts/dev-a/data.tar
 #               (skips regeneration; dev-a must then stay under the 64 MiB a call carries)
-# Call 1 (carry .artifacts/dev-a):  bash trainer/benchmarks/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
-# Call 2 (carry .artifacts/dev-b):  bash trainer/benchmarks/device_proof.sh launch PROOF_FLAGS...
-#                                   (starts proof_smollm2.py detached, then follows it for $WATCH_S s;
+# Call 1 (carry .artifacts/dev-a):  bash trainer/proofs/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
+# Call 2 (carry .artifacts/dev-b):  bash trainer/proofs/device_proof.sh launch PROOF_FLAGS...
+#                                   (starts proofs.proof_smollm2 detached, then follows it for $WATCH_S s;
 #                                   the proof trains with dflash-train: PROOF_FLAGS holds dflash-train's own
 #                                   flags, e.g. the 10-minute proof on one H200:
 #                                   --device cuda --eval-device cpu --eval-threads 12 --time-budget-min 10
@@ -25,15 +25,16 @@
 #                                   --regen-batch-size 2048 --regen-rows-per-shard 2048 --regen-budget-s 420
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*)
-# Calls 3.. (within 30 s of the last): bash trainer/benchmarks/device_proof.sh watch [SECONDS]
+# Calls 3.. (within 30 s of the last): bash trainer/proofs/device_proof.sh watch [SECONDS]
 # Warm start (optional, between calls 1 and 2; carry .artifacts/dev-c holding the init.tar.part-* that the
-# last watch of an earlier session sent): bash trainer/benchmarks/device_proof.sh stash-init, then launch
+# last watch of an earlier session sent): bash trainer/proofs/device_proof.sh stash-init, then launch
 # with --init-drafter /var/tmp/dflash/init-drafter
 set -uo pipefail
 S=${DFLASH_STASH:-/var/tmp/dflash}   # kept between calls while the machine is warm (override: tests of this script)
 OUT=${OUT:-/tmp/dflash-out}
 mkdir -p "$S" "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/trainer/src:$S/site"
+# the trainer from its source and the proofs package (trainer/proofs, run as `python3 -m proofs.…`)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/trainer/src:$PWD/trainer:$S/site"
 
 install_gguf() {
     [ -d "$S/site/gguf" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -43,7 +44,7 @@ install_gguf() {
 # Follow the detached proof's log for up to $1 seconds (or until it exits); copy its reports to $OUT.
 watch_proof() {
     local until=$((SECONDS + $1))
-    while [ $SECONDS -lt $until ] && pgrep -f proof_smollm2.py > /dev/null; do sleep 5; done
+    while [ $SECONDS -lt $until ] && pgrep -f proofs.proof_smollm2 > /dev/null; do sleep 5; done
     local noise="Loading weights|Writing model|forward_call|FutureWarning|warnings.warn"
     grep -v -E "$noise" "$S/proof.log" > "$OUT/proof.log"
     tail -n 60 "$OUT/proof.log"
@@ -61,7 +62,7 @@ watch_proof() {
         tar -C "$S/proof" -cf - data | split -b 15M - "$OUT/data.tar.part-" && touch "$S/data.tar.sent"
         ls -la "$OUT"/data.tar.part-*
     fi
-    if pgrep -f proof_smollm2.py > /dev/null; then echo "STILL RUNNING"; return; fi
+    if pgrep -f proofs.proof_smollm2 > /dev/null; then echo "STILL RUNNING"; return; fi
     # Once all is done: the longest-trained export of the better proof comes back in three pieces
     # (init.tar.part-*, ~39 MB in all), for a later session's warm start (stash-init, --init-drafter).
     local best
@@ -90,7 +91,7 @@ stash)
     python3 -c "import torch, transformers, gguf; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gguf ok', torch.cuda.is_available())"
     python3 -c "import transformers, inspect; print('GgufConfig', hasattr(transformers, 'GgufConfig') and inspect.signature(transformers.GgufConfig))"
     # GPU smoke test of the whole proof path on the tiny target (regenerate, flex-attention training, eval)
-    [ "${2:-smoke}" = smoke ] && python3 trainer/benchmarks/proof_smollm2.py --tiny --out "$S/tiny" --device cuda --report-dir "$OUT" \
+    [ "${2:-smoke}" = smoke ] && python3 -m proofs.proof_smollm2 --tiny --out "$S/tiny" --device cuda --report-dir "$OUT" \
         2>&1 | grep --line-buffered -v -E "Loading weights|Writing model" | tee "$OUT/tiny.log"
     ls -la "$S"
     ;;
@@ -119,7 +120,7 @@ launch)
         2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6
     shift
-    proof=(python3 trainer/benchmarks/proof_smollm2.py --target-model "$S/smollm2" --prompts "$S/prompts.jsonl")
+    proof=(python3 -m proofs.proof_smollm2 --target-model "$S/smollm2" --prompts "$S/prompts.jsonl")
     setsid nohup "${proof[@]}" --out "$S/proof" --report-dir "$S/report" "$@" > "$S/proof.log" 2>&1 < /dev/null &
     echo "proof started (pid $!): $*"
     if [ -n "${PROOF_B:-}" ]; then

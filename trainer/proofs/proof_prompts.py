@@ -6,7 +6,7 @@ Three sources, all MIT/own text, no download at run time:
   - single utterances of the BYU Chit-Chat dataset (PyPI `chitchat-dataset==0.9.0`, MIT; if installed).
 The packages are never imported, only their data files are read (located with importlib.util.find_spec).
 
-    python trainer/benchmarks/proof_prompts.py --out prompts.jsonl
+    python -m proofs.proof_prompts --out prompts.jsonl
 """
 
 from __future__ import annotations
