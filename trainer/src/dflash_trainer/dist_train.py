@@ -47,13 +47,13 @@ import torch.distributed as dist
 from dflash_trainer.checkpoint import find_latest, load_checkpoint
 from dflash_trainer.config import StartupError, TrainConfig, validate_paths
 from dflash_trainer.data import BatchLoader, TokenizedDataset
-from dflash_trainer.dist_ranks import STOP_AT, STOP_REQUESTED, log, run_drafter, run_target  # noqa: F401
+from dflash_trainer.dist_ranks import log, run_drafter, run_target
 from dflash_trainer.dist_world import World, close_world, init_world, remove_pid_file
 from dflash_trainer.failures import ExplainedFailure
 from dflash_trainer.heartbeat import RESERVE_NAME, Heartbeat
 from dflash_trainer.hs_queue import batch_tap_bytes, check_host_memory, mem_available
 from dflash_trainer.loop.plan import StepPlan
-from dflash_trainer.loop.progress import PROGRESS, RANK_PROGRESS, RankProgress, wandb_job_profile  # noqa: F401
+from dflash_trainer.loop.progress import PROGRESS, RANK_PROGRESS
 from dflash_trainer.telemetry import NvmlTelemetry
 from dflash_trainer.wandb_log import check_available
 
