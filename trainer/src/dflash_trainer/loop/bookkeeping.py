@@ -40,7 +40,8 @@ class Window:
 class Bookkeeping:
     """`state` (TrainState) is the loop's; `reducer` gives the full weights and optimizer state and the barrier;
     `source` adds its metrics fields (the queue's); `saved` is (step, path) of the checkpoint resumed from ((-1,
-    None): a fresh run; the path None where it is not known: snapshots then link find_latest's); `extra_state` goes into train_state.pt besides the TrainState (torchrun: the world layout)."""
+    None): a fresh run; the path None where it is not known: snapshots then link find_latest's); `extra_state`
+    goes into train_state.pt besides the TrainState (torchrun: the world layout)."""
 
     def __init__(self, stack: ExitStack, cfg, *, writer: bool, state, reducer, optimizer, drafter_cfg, source,
                  dataset_rows: int, say, on_phase, profile, wandb_run, saved: tuple, extra_state: dict):
