@@ -18,15 +18,15 @@ A target that needs 2 GPUs (2 target ranks, layers split over GPUs 0-1 and 2-3, 
 them --shutdown-timeout seconds after SIGTERM (default 30): set it at least to the stop timeout, and signal the
 ranks themselves (their pids are in <run-dir>/ranks/); see dist_world.py.
 
-The schedule is the single-process one with G = --grad-accum x D micro-batches per optimizer step: stream
+The plan (loop/plan.StepPlan) is the single-process one with G = --grad-accum x D micro-batches per optimizer step: stream
 item k (the k-th batch since this job started) is computed by target rank k % T; micro-batch g of a step is
 trained on drafter rank g % D (interleaved: FSDP's forward gathers in step across the drafter ranks, so each needs
 its next micro-batch while the others compute theirs), with the seed the single-process run gives micro-batch g. DDP
 (or FSDP2: drafter_parallel.py) averages the drafters' gradients, so a job of D drafter ranks follows the same
 trajectory as one process with --grad-accum G (float rounding aside). The ranks are dist_ranks.py's; the drafter
 ranks train in the loop one process uses (loop/). Checkpoints (same format as one process, written by the first
-drafter rank) hold the data position after the last full step: a resume under any world size
-repeats and skips no batch; items still in the queues are dropped and recomputed.
+drafter rank) hold the data position after the last full step: a resume under any world size repeats and skips
+no batch; items still in the queues are dropped and recomputed.
 """
 
 from __future__ import annotations
