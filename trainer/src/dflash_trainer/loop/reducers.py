@@ -61,11 +61,11 @@ class OneProcess:
         self.t_clock = self.clock()
 
     def before_step(self, train_s0: float, train_s: float) -> float:
+        """The training clock now; after the loop: the minutes the last step ran through (not read when the
+        budget's end stopped the loop)."""
         return train_s0 + self.clock() - self.t_clock
 
-    def after_loop(self, train_s0: float, train_s: float) -> float:
-        """The minutes the last step ran through (not read when the budget's end stopped the loop)."""
-        return train_s0 + self.clock() - self.t_clock
+    after_loop = before_step
 
     def agree(self, loss_sum: float, num_micro: int, tokens: int, sequences: int, correct, count,
               train_s0: float, train_s: float) -> Agreed:
@@ -126,10 +126,10 @@ class DrafterRanks:
         self.t_clock = self.clock()  # the first drafter rank's clock is the job's (the others' are not used)
 
     def before_step(self, train_s0: float, train_s: float) -> float:
+        """Unchanged: the clock was read at the end of the last step, with its agreement."""
         return train_s
 
-    def after_loop(self, train_s0: float, train_s: float) -> float:
-        return train_s
+    after_loop = before_step
 
     def agree(self, loss_sum: float, num_micro: int, tokens: int, sequences: int, correct, count,
               train_s0: float, train_s: float) -> Agreed:
