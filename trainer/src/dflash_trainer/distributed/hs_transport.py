@@ -9,7 +9,7 @@ target sends it nothing more (the job is stopping).
 Paths: NCCL point-to-point between GPUs (taps stay bf16 on the device; the receiving thread copies them to pinned
 host memory on its own stream and synchronizes that stream before the queue sees them, so no tensor is read by one
 stream while another may free it); host-staged over gloo on the CPU and where two ranks share a GPU (NCCL refuses
-that). Headers and meta always go over gloo. Both ends walk the same deterministic schedule (dist_train.Schedule),
+that). Headers and meta always go over gloo. Both ends walk the same deterministic plan (loop/plan.StepPlan),
 so every recv names its source and the messages of one (target, drafter) pair arrive in the order they were sent.
 --hs-sync-transfers turns the overlap off (to check that overlapping changes no result): each transfer then runs
 in the training loop itself, on its stream, between two forwards or two steps.

@@ -1,5 +1,8 @@
-"""The training loop: devices, build, resume, loop { snapshot when due, step, log when due, checkpoint when due },
-finish. The one loop that trains: the proof (proofs/proof_smollm2.py) runs dflash-train, it has none of its own.
+"""dflash-train in one process: devices, build, resume, then the training loop (loop/drafter_loop.py, the same
+loop a torchrun drafter rank runs) with the local target as its source of micro-batches and nothing to reduce,
+then the finish line. The proof (proofs/proof_smollm2.py) runs dflash-train, it has no loop of its own.
+Also the build helpers both entries share (drafter_config_for, training_drafter, prepare_drafter, target_layers,
+initial_weights).
 
 Entered from cli.main after the first heartbeat. Refusals that need torch (GPUs that do not exist,
 GPU lists without CUDA) raise StartupError before any weights load.
@@ -12,25 +15,31 @@ import math
 import os
 import random
 import threading
-import time
-import zlib
+from contextlib import ExitStack
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
 from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids
-from dflash_trainer.data.batches import BatchLoader, TokenizedDataset, collate
+from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
 from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.export.exporter import drafter_config_from_export
 from dflash_trainer.telemetry.heartbeat import Heartbeat
-from dflash_trainer.loss import acceptance_proxy, describe_head_chunk
-from dflash_trainer.loop.schedule import Schedule
+from dflash_trainer.loop.bookkeeping import Bookkeeping
+from dflash_trainer.loop.drafter_loop import LoopParts, Outcome, train
+from dflash_trainer.loop.plan import StepPlan
+from dflash_trainer.loop.progress import LocalProfile
+from dflash_trainer.loop.reducers import OneProcess
+from dflash_trainer.loop.sources import LocalTarget
+from dflash_trainer.loop.train_state import TrainState, rng_state, set_rng_state  # noqa: F401 - importable here
+from dflash_trainer.loss import describe_head_chunk
 from dflash_trainer.loop.optimizer import drafter_adamw
-from dflash_trainer.loop.step import derived_seed, drafter_micro_batch
-from dflash_trainer.telemetry.writers import JsonlWriter, NvmlTelemetry, Profiler
-from dflash_trainer.loop.wall_clock import compile_warmup, keep_snapshot, pending_snapshots, training_clock
+from dflash_trainer.loop.schedule import Schedule
+from dflash_trainer.loop.step import drafter_micro_batch
+from dflash_trainer.telemetry.writers import NvmlTelemetry
+from dflash_trainer.loop.wall_clock import training_clock
 from dflash_trainer.telemetry.wandb_log import WandbLog, check_available
 
 
@@ -67,21 +76,6 @@ def resolve_devices(cfg: TrainConfig) -> tuple[torch.device, torch.device]:
     if len(cfg.target_gpus) > 1 or len(cfg.drafter_gpus) > 1:
         log(f"note: single-process trainer: target on cuda:{t}, drafter on cuda:{d}; other listed GPUs stay idle")
     return torch.device("cuda", t), torch.device("cuda", d)
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def training_drafter(drafter_cfg: DrafterConfig, target, device: torch.device, compile_layers: bool = True,
@@ -152,25 +146,25 @@ def initial_weights(path: str, cfg: DrafterConfig) -> dict[str, torch.Tensor]:
     return state
 
 
+
+
 def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=None) -> int:
     """Trains until the epochs, --max-steps or --time-budget-min end, or SIGTERM (`stop`). `clock` measures the
     training time (the schedule, the budget and the snapshots; default wall_clock.training_clock()); it is read once
-    per optimizer step."""
+    per optimizer step, before it."""
     clock = clock or training_clock()
     target_device, drafter_device = resolve_devices(cfg)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-
     _, layer_ids, drafter_cfg = drafter_config_for(cfg)
-    num_target_layers = drafter_cfg.num_target_layers
     init_state = initial_weights(cfg.init_drafter, drafter_cfg) if cfg.init_drafter else None
     check_available(cfg)
     try:  # bad data is a refusal at start too: it loads before any weights
         dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
     except ValueError as e:
         raise StartupError(str(e)) from None
-    loader = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size)
+    batches = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size).batches_in_epoch(0)
 
     # --- weights load from here on ---
     from dflash_trainer.model.target import FrozenTarget
@@ -185,38 +179,22 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = drafter_adamw(trainable, cfg.lr, cfg.weight_decay, drafter_device)
 
-    steps_per_epoch = math.ceil(loader.batches_in_epoch(0) / cfg.grad_accum)
+    steps_per_epoch = math.ceil(batches / cfg.grad_accum)
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
     schedule = Schedule(cfg, total_steps)
-
-    step, num_bad_total, num_sequences, train_s0 = 0, 0, 0, 0.0
-    resume_from = find_latest(cfg.output_dir)
-    if resume_from is not None:
-        model_state, saved_cfg, state = load_checkpoint(resume_from)
-        if DrafterConfig.from_dict(saved_cfg) != drafter_cfg:
-            raise StartupError(f"checkpoint {resume_from} was trained with a different drafter config; "
-                               "use a new --output-dir or the original flags")
-        drafter.load_trainable_state_dict(model_state)
-        optimizer.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["data"])
-        set_rng_state(state["rng"])
-        step, num_bad_total = state["step"], state.get("num_bad_steps", 0)
-        num_sequences, train_s0 = state.get("num_sequences", 0), state["scheduler"].get("train_s", 0.0)
-        log(f"resumed from {resume_from} at step {step} (epoch {loader.epoch}, batch {loader.batch_index}, "
-            f"{train_s0:.1f} s of training)" + (": --init-drafter not applied" if init_state else ""))
-    elif init_state is not None:
-        drafter.load_trainable_state_dict(init_state)
-        log(f"warm start from {cfg.init_drafter}")
+    state, resume_from = resume(cfg, drafter, optimizer, drafter_cfg, init_state)
+    plan = StepPlan(dataset, cfg, state.data, state.step, total_steps, cfg.grad_accum)
+    state.data = plan.loader.state_dict()
 
     num_params = sum(p.numel() for p in trainable)
-    log(f"target {cfg.target_model}: {num_target_layers} layers on {target_device}; taps {layer_ids}")
+    log(f"target {cfg.target_model}: {drafter_cfg.num_target_layers} layers on {target_device}; taps {layer_ids}")
     log(f"drafter: {cfg.num_draft_layers} layers, hidden {drafter_cfg.hidden_size}, {num_params / 1e6:.2f} M "
         f"trainable params on {drafter_device}; block {cfg.block_size}, <= {cfg.max_anchors} anchors/sequence, "
         f"gamma {cfg.gamma}, {'soft' if cfg.use_soft_labels else 'hard'} labels, mask token {cfg.mask_token_id}")
     log(f"data: {len(dataset)} sequences, {int(dataset.lengths.sum())} tokens "
-        f"({dataset.num_supervised_tokens} supervised); {loader.batches_in_epoch(0)} micro-batches/epoch")
+        f"({dataset.num_supervised_tokens} supervised); {batches} micro-batches/epoch")
     log(f"tokens per optimizer step: <= {cfg.token_budget} budget x {cfg.grad_accum} accumulation = "
         f"{cfg.token_budget * cfg.grad_accum}; draft positions per step: <= {cfg.max_batch_size} x "
         f"{cfg.max_anchors} x {cfg.block_size} x {cfg.grad_accum}")
@@ -224,179 +202,66 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
         f"{f', capped by --max-steps {cfg.max_steps}' if cfg.max_steps else ''}); peak lr {cfg.lr}, schedule "
         f"{schedule.describe()}" + (f"; snapshots at {cfg.snapshot_plan()} min" if cfg.snapshot_plan() else ""))
 
-    metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl"))
-    snapshots = JsonlWriter(os.path.join(cfg.run_dir, "snapshots.jsonl"))
-    profiler = Profiler(cfg.run_dir, cfg.profile_interval, log)
-    nvml = NvmlTelemetry(cfg.run_dir, cfg.telemetry_interval,
-                         sorted({target_device.index, drafter_device.index} - {None})).start(lambda: step)
-    if nvml.unavailable:
-        log(f"note: no GPU telemetry: {nvml.unavailable}")
-    wandb_run = WandbLog.open(cfg, log)
-    train_s = train_s0  # training seconds at the start of the current step
-    saved = {"step": step if resume_from else -1, "path": resume_from}
-
-    def checkpoint() -> None:
-        heartbeat.set_phase("checkpointing")
-        t0 = time.perf_counter()
-        state = {"optimizer": optimizer.state_dict(), "scheduler": {"train_s": train_s},
-                 "data": loader.state_dict(), "rng": rng_state(), "step": step, "num_bad_steps": num_bad_total,
-                 "num_sequences": num_sequences, "config": cfg.to_dict()}
-        saved["path"] = save_checkpoint(cfg.output_dir, step, drafter.trainable_state_dict(), drafter_cfg.to_dict(),
-                                        state, cfg.keep_checkpoints)
-        saved["step"] = step
-        profiler.add("checkpoint", time.perf_counter() - t0)
-        log(f"checkpoint {saved['path']} ({time.perf_counter() - t0:.2f} s)")
-        heartbeat.set_phase("training")
-
-    window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
-    last_row: dict = {}
-
-    def write_metrics(lr: float, amp: float, grad_norm: float) -> None:
-        nonlocal window
-        acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
-        row = {"step": step, "epoch": loader.epoch, "loss": window["loss"] / window["steps"],
-               "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
-               "tokens_per_s": window["tokens"] / window["time"], "lr": lr, "noise": amp, "grad_norm": grad_norm,
-               "num_bad_steps": num_bad_total, "data_crc": window["crc"], "train_s": round(train_s, 3),
-               "sequences": num_sequences, "time": time.time()}
-        metrics.write(row)
+    with ExitStack() as stack:  # every resource closes on every way out: errors and SIGTERM included
+        nvml = NvmlTelemetry(cfg.run_dir, cfg.telemetry_interval,
+                             sorted({target_device.index, drafter_device.index} - {None}))
+        stack.callback(nvml.close)
+        nvml.start(lambda: state.step)
+        if nvml.unavailable:
+            log(f"note: no GPU telemetry: {nvml.unavailable}")
+        wandb_run = WandbLog.open(cfg, log)
         if wandb_run is not None:
-            wandb_run.metrics(row)
-        last_row.update(row)
-        log(f"step {step} epoch {loader.epoch} loss {row['loss']:.4f} acc1 {acc[1]:.3f} tau {row['tau_proxy']:.3f} "
-            f"tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} noise {amp:.4f} train {train_s:.1f} s")
-        window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0, "correct": None, "count": None, "crc": 0}
-
-    def snapshot(minutes: float) -> None:
-        if saved["step"] != step:
-            checkpoint()
-        dst = keep_snapshot(cfg, snapshots, minutes, saved["path"], step=step, train_s=train_s, epoch=loader.epoch,
-                            sequences=num_sequences, dataset_rows=len(dataset), metrics=last_row)
-        log(f"snapshot at {minutes:g} min of training: step {step}, {num_sequences} sequences, {dst}")
-
-    drafter.train()
-    if cfg.compile_warmup_batches:
-        t0 = time.perf_counter()
-        position = loader.state_dict()
-
-        def warmup_batches():
-            for indices in loader.shape_spanning_batches(cfg.compile_warmup_batches):
-                batch = collate(loader.dataset, indices)
-                taps, last = target(batch.input_ids)
-                yield taps, last, batch.input_ids, batch.loss_mask, batch.lengths
-
-        compile_warmup(cfg, drafter, optimizer, warmup_batches())
-        loader.load_state_dict(position)  # nothing trained, nothing skipped
-        log(f"compile warm-up: {cfg.compile_warmup_batches} micro-batches, not trained on, "
-            f"{time.perf_counter() - t0:.1f} s (outside the training time)")
-    pending = pending_snapshots(cfg)
-    heartbeat.set_phase("training", step=step, epoch=loader.epoch)
-    num_bad_in_row, budget_spent = 0, False
-    lr = amp = grad_norm = 0.0  # the last step's, written by write_metrics only once a step has run (window)
-    t_clock = clock()
-    while step < total_steps and loader.epoch < cfg.epochs and not stop.is_set():
-        train_s = train_s0 + clock() - t_clock
-        while pending and train_s >= pending[0] * 60:  # the weights after the last step, at these minutes
-            if window["steps"]:
-                write_metrics(lr, amp, float(grad_norm))
-            snapshot(pending.pop(0))
-        if schedule.budget_spent(train_s):
-            budget_spent = True
-            break
-        t_step = time.perf_counter()
-        lr, amp = schedule.lr(step, train_s), schedule.noise(step, train_s)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum, tokens, n_micro, n_seq = 0.0, 0, 0, 0
-        correct = count = None
-        for micro in range(cfg.grad_accum):
-            if loader.batch_index >= loader.batches_in_epoch() and loader.epoch + 1 >= cfg.epochs:
-                break  # the last epoch is exhausted mid-step: train on what this step got
-            t0 = time.perf_counter()
-            batch = loader.next_batch()
-            window["crc"] = zlib.crc32(str(batch.indices).encode(), window["crc"])
-            t1 = time.perf_counter()
-            taps, last = target(batch.input_ids)
-            t2 = time.perf_counter()
-            out = drafter_micro_batch(drafter, taps, last, batch.input_ids, batch.loss_mask, batch.lengths,
-                                      max_anchors=cfg.max_anchors, gamma=cfg.gamma, noise_amplitude=amp,
-                                      seed=derived_seed(cfg.seed, step, micro), head_chunk_size=cfg.head_chunk_size)
-            (out.loss / cfg.grad_accum).backward()
-            t3 = time.perf_counter()
-            profiler.add("data", t1 - t0)
-            profiler.add("target", t2 - t1)
-            profiler.add("drafter_fwd_bwd", t3 - t2)
-            loss_sum = loss_sum + out.loss.detach()
-            correct = out.slot_correct if correct is None else correct + out.slot_correct
-            count = out.slot_count if count is None else count + out.slot_count
-            tokens += batch.num_tokens
-            n_seq += len(batch.lengths)
-            n_micro += 1
-        if n_micro == 0:
-            break
-        # The host waits here for the queued forward/backward work (CUDA runs it asynchronously), so the wait
-        # counts as drafter_fwd_bwd; timed after it, "optimizer" was mostly that wait (39% of run 8's time).
-        loss_value = float(loss_sum) / n_micro
-        profiler.add("drafter_fwd_bwd", time.perf_counter() - t3)
-        t0 = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-        if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
-            optimizer.zero_grad(set_to_none=True)
-            num_bad_in_row += 1
-            num_bad_total += 1
-            log(f"step {step}: non-finite loss {loss_value} / grad norm {float(grad_norm)}: update skipped "
-                f"({num_bad_in_row} in a row, {num_bad_total} total)")
-            if num_bad_in_row >= cfg.max_bad_steps:
-                raise RuntimeError(f"{num_bad_in_row} non-finite steps in a row at step {step}; lower --lr or "
-                                   f"check the data (--max-bad-steps {cfg.max_bad_steps})")
-            continue
-        num_bad_in_row = 0
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        num_sequences += n_seq
-        profiler.add("optimizer", time.perf_counter() - t0)
-
-        elapsed = time.perf_counter() - t_step
-        window["loss"] += loss_value
-        window["tokens"] += tokens
-        window["time"] += elapsed
-        window["steps"] += 1
-        window["correct"] = correct if window["correct"] is None else window["correct"] + correct
-        window["count"] = count if window["count"] is None else window["count"] + count
-        heartbeat.update(step=step, epoch=loader.epoch, loss=loss_value, tokens_per_s=tokens / max(elapsed, 1e-9))
-        if step % cfg.log_interval == 0 or step == total_steps:
-            write_metrics(lr, amp, float(grad_norm))
-        profiler.tokens += tokens
-        if profiler.maybe_write(step) is not None and wandb_run is not None:
-            wandb_run.profile(profiler.last_row)
-            wandb_run.gpus(step, nvml.latest)
-        if step % cfg.checkpoint_interval == 0 and not stop.is_set():
-            checkpoint()
-
-    if not budget_spent:  # the minutes the last step ran through (the budget's end was handled in the loop)
-        train_s = train_s0 + clock() - t_clock
-    if window["steps"]:
-        write_metrics(lr, amp, float(grad_norm))
-    while pending and train_s >= pending[0] * 60:
-        snapshot(pending.pop(0))
-    if saved["step"] != step:
-        checkpoint()
-    profiler.maybe_write(step, force=True)
-    nvml.close()
-    if wandb_run is not None:
-        wandb_run.profile(profiler.last_row)
-        wandb_run.close()
-    for writer in (metrics, snapshots, profiler):
-        writer.close()
-    if stop.is_set():
-        log(f"SIGTERM: stopped at step {step} after checkpointing")
-        heartbeat.set_phase("finished", step=step, epoch=loader.epoch, stopped="SIGTERM")
-    else:
-        why = (f"the time budget of {cfg.time_budget_min:g} min is spent" if budget_spent else
-               f"{'--max-steps' if step == cfg.max_steps else 'the epochs'} ended"
-               + (f" after {train_s / 60:.2f} of --time-budget-min {cfg.time_budget_min:g}"
-                  if cfg.time_budget_min else ""))
-        log(f"finished: {step} optimizer steps, {train_s:.1f} s of training; {why}")
-        heartbeat.set_phase("finished", step=step, epoch=loader.epoch)
+            stack.push(lambda exc_type, exc, tb: wandb_run.close(0 if exc_type is None else 1))
+        reducer = OneProcess(drafter, stop, clock)
+        profile = LocalProfile(stack, cfg, log, heartbeat, wandb_run, nvml)
+        source = LocalTarget(target, plan, profile)
+        books = Bookkeeping(stack, cfg, writer=True, state=state, reducer=reducer, optimizer=optimizer,
+                            drafter_cfg=drafter_cfg, source=source, dataset_rows=len(dataset), say=log,
+                            on_phase=heartbeat.set_phase, profile=profile, wandb_run=wandb_run,
+                            saved=(state.step, resume_from) if resume_from else (-1, None),
+                            extra_state={})
+        drafter.train()
+        source.warmup(cfg, drafter, optimizer, log)
+        heartbeat.set_phase("training", step=state.step, epoch=state.data["epoch"])
+        outcome = train(LoopParts(cfg, state, plan, source, reducer, books, profile, optimizer, trainable, schedule,
+                                  total_steps, drafter_micro_batch, log, drafter_cfg.block_size))
+    finish(cfg, heartbeat, state, outcome, stop)
     return 0
+
+
+def resume(cfg: TrainConfig, drafter, optimizer, drafter_cfg: DrafterConfig,
+           init_state: dict | None) -> tuple[TrainState, str | None]:
+    """The train state of the latest checkpoint under --output-dir (its weights and optimizer state loaded), or
+    a fresh one (with --init-drafter's weights); and the checkpoint resumed from."""
+    resume_from = find_latest(cfg.output_dir)
+    if resume_from is None:
+        if init_state is not None:
+            drafter.load_trainable_state_dict(init_state)
+            log(f"warm start from {cfg.init_drafter}")
+        return TrainState(), None
+    model_state, saved_cfg, saved = load_checkpoint(resume_from)
+    if DrafterConfig.from_dict(saved_cfg) != drafter_cfg:
+        raise StartupError(f"checkpoint {resume_from} was trained with a different drafter config; "
+                           "use a new --output-dir or the original flags")
+    drafter.load_trainable_state_dict(model_state)
+    optimizer.load_state_dict(saved["optimizer"])
+    state = TrainState.from_checkpoint(saved)
+    log(f"resumed from {resume_from} at step {state.step} (epoch {state.data['epoch']}, batch "
+        f"{state.data['batch_index']}, {state.train_s:.1f} s of training)"
+        + (": --init-drafter not applied" if init_state else ""))
+    return state, resume_from
+
+
+def finish(cfg: TrainConfig, heartbeat: Heartbeat, state: TrainState, outcome: Outcome, stop) -> None:
+    """The last log line and the `finished` heartbeat."""
+    epoch = state.data["epoch"]
+    if stop.is_set():
+        log(f"SIGTERM: stopped at step {state.step} after checkpointing")
+        heartbeat.set_phase("finished", step=state.step, epoch=epoch, stopped="SIGTERM")
+        return
+    why = (f"the time budget of {cfg.time_budget_min:g} min is spent" if outcome.budget_spent else
+           f"{'--max-steps' if state.step == cfg.max_steps else 'the epochs'} ended"
+           + (f" after {state.train_s / 60:.2f} of --time-budget-min {cfg.time_budget_min:g}"
+              if cfg.time_budget_min else ""))
+    log(f"finished: {state.step} optimizer steps, {state.train_s:.1f} s of training; {why}")
+    heartbeat.set_phase("finished", step=state.step, epoch=epoch)

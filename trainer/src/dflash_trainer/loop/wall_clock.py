@@ -1,11 +1,11 @@
-"""The wall-clock flags' pieces that both loops use (train.py in one process, dist_train.py under torchrun): the
-training clock, the snapshots (--snapshot-minutes and the end of --time-budget-min) and the compile warm-up
-(--compile-warmup-batches). The lr and noise by training time are schedule.Schedule's.
+"""The wall-clock flags' pieces that the training loop (loop/drafter_loop.py, in one process and on torchrun's
+drafter ranks) uses: the training clock, the snapshots (--snapshot-minutes and the end of --time-budget-min) and
+the compile warm-up (--compile-warmup-batches). The lr and noise by training time are schedule.Schedule's.
 
-What stays in each loop is when the clock is read and who agrees on it: one process reads it before each
-optimizer step; under torchrun the first drafter rank reads it at the end of each step and its reading travels
-with the step's loss all-reduce, so every drafter rank holds the same training time and stops, snapshots and
-schedules at the same step.
+When the clock is read and who agrees on it is the loop's reducer's (loop/reducers.py): one process reads it
+before each optimizer step; under torchrun the first drafter rank reads it at the end of each step and its
+reading travels with the step's loss all-reduce, so every drafter rank holds the same training time and stops,
+snapshots and schedules at the same step.
 """
 
 from __future__ import annotations
