@@ -341,7 +341,7 @@ def _change(req, timings):
             raise LifecycleError(str(exc), rc=exc.rc)
         except CheckRefused as exc:
             raise LifecycleError("the trainer's check refused this configuration, so nothing was stopped%s: %s"
-                                 % (_still_running(runs), exc))
+                                 % (_still_running(runs), exc), bad_input=True)
         except ValueError as exc:
             raise LifecycleError(str(exc))
         result.update(changed=True, action="launched", would_stop=[name for name, _pid in runs])
