@@ -300,10 +300,10 @@ gpu_wait:
   type: dict
   sample: {gpus: [0, 1], skipped: true, reason: "GPU memory wait skipped: NVML could not start", waited_s: 0.0}
 timings:
-  description: Seconds per phase (lock, stop, gpu_wait, launch, first_heartbeat, verify) that ran.
+  description: Seconds per phase (lock, trainer_check, stop, gpu_wait, launch, first_heartbeat, verify) that ran.
   returned: state is not status
   type: dict
-  sample: {lock: 0.0, stop: 3.2, gpu_wait: 0.5, launch: 0.01, first_heartbeat: 0.8, verify: 1.0}
+  sample: {lock: 0.0, trainer_check: 0.5, stop: 3.2, gpu_wait: 0.5, launch: 0.01, first_heartbeat: 0.8, verify: 1.0}
 rc:
   description: Exit status of a launched trainer that died during verification; for a trainer command refused
     before anything was stopped, 127 (it does not exist) or 126 (not executable, or older than

@@ -5,10 +5,10 @@
 
 The argv and the environment knobs are parsed exactly as a launch parses them (cli.py's generated flags,
 config.TrainConfig and its checks), then every start-up check that needs no weights on a GPU runs: the target
-directory (config readable, staged manifest complete, mask token, tapped layers), the data directory (shards with
-their columns, token ids inside the target's vocabulary: the tokenizer matches), the output directory (writable,
-room for the next checkpoint), the GPU indexes (visible devices), and for WORLD_SIZE > 1 the torchrun layout
-(dist_world.plan_layout, the rule the ranks follow) and the hidden-state queues' host memory
+directory (config readable, a model family transformers has, staged manifest complete, mask token, tapped layers),
+the data directory (shards with their columns, token ids inside the target's vocabulary: the tokenizer matches), the
+output directory (writable, room for the next checkpoint), the GPU indexes (visible devices), and for WORLD_SIZE > 1
+the torchrun layout (dist_world.plan_layout, the rule the ranks follow) and the hidden-state queues' host memory
 (dist_train.check_queue_memory). Nothing is created or written: no heartbeat, no run or output directory.
 
 Output: one JSON line on stdout, {"check": "ok"|"failed", "problems": [...], "world_size", "layout", "settings"},
@@ -122,6 +122,27 @@ def _tokens_fit(cfg: TrainConfig, vocab_size: int) -> list[str]:
                                     f"--target-model {cfg.target_model}")
                     return problems
     return problems
+
+
+def check_family(cfg: TrainConfig, target_config: dict) -> list[str]:
+    """The target's model_type is a family the installed transformers has (its models/<type> package), found
+    without importing transformers (which imports torch: seconds)."""
+    import importlib.metadata
+    import importlib.util
+    model_type = target_config.get("model_type")
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return ["transformers is not installed in this environment; reinstall the trainer (pip install "
+                "dflash_trainer pulls it in)"]
+    if not isinstance(model_type, str) or not model_type:
+        return [f"--target-model {cfg.target_model}: config.json has no model_type; pass a Hugging Face causal LM "
+                "directory"]
+    models = os.path.join(spec.submodule_search_locations[0], "models")
+    if os.path.isdir(os.path.join(models, model_type.replace("-", "_"))):
+        return []
+    return [f"--target-model {cfg.target_model}: model_type {model_type!r} is not a family transformers "
+            f"{importlib.metadata.version('transformers')} can load; pass a Hugging Face causal LM directory "
+            "(e.g. qwen3, qwen3_5, llama) or install a transformers that knows it"]
 
 
 def _nearest_existing(path: str) -> str:
@@ -245,6 +266,8 @@ def check(argv: list[str], environ=os.environ) -> dict:
     except KeyError as e:
         problems.append(f"--target-model {cfg.target_model}: config.json has no {e}; pass a HF causal LM directory")
         target_ok = False
+    if target_ok:
+        problems += check_family(cfg, target_config)
     try:
         validate_data(cfg)
         if target_ok:

@@ -79,7 +79,7 @@ def seconds(value, name):
         number = float(value)
     except (TypeError, ValueError):
         raise InputError("%s is %s, not a number of seconds; %s" % (name, _shown(value), example))
-    if not number >= 0 or number == float("inf"):
+    if number != number or number < 0 or number == float("inf"):  # NaN, negative, infinite
         raise InputError("%s is %s; it must be 0 or more seconds; %s" % (name, _shown(value), example))
     return number
 
