@@ -13,6 +13,7 @@ Also the one place that reads a GPU list the way an operator writes it (a list, 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container.run_name import validate_run_name
@@ -79,7 +80,7 @@ def seconds(value, name):
         number = float(value)
     except (TypeError, ValueError):
         raise InputError("%s is %s, not a number of seconds; %s" % (name, _shown(value), example))
-    if number != number or number < 0 or number == float("inf"):  # NaN, negative, infinite
+    if math.isnan(number) or number < 0 or math.isinf(number):
         raise InputError("%s is %s; it must be 0 or more seconds; %s" % (name, _shown(value), example))
     return number
 
