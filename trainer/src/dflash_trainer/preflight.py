@@ -208,6 +208,27 @@ def check_devices(cfg: TrainConfig) -> list[str]:
     return []
 
 
+def _gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> int:
+    """dist_world.gpus_per_target_rank, except where it measures (--target-gpus-per-rank 0 on GPUs): the check runs
+    before the live run is stopped, while that run still holds these GPUs, so it plans with their total memory - what
+    the ranks will have once the run is stopped and its memory released (the lifecycle waits for that). The ranks
+    measure the free memory again at start."""
+    import torch
+
+    from dflash_trainer import dist_world
+    from dflash_trainer.config import StartupError
+    if cfg.target_gpus_per_rank or not dist_world.uses_gpus(cfg, cuda) or not cfg.target_gpus:
+        return dist_world.gpus_per_target_rank(cfg, cuda)[0]
+    from dflash_trainer.target_split import measured_gpus_per_rank
+    total = min(torch.cuda.get_device_properties(i).total_memory for i in cfg.target_gpus)
+    try:
+        return measured_gpus_per_rank(cfg.target_model, cfg.target_gpus, cfg.token_budget,
+                                      free=(total, "total (checked before the live run is stopped)"))[0]
+    except (OSError, KeyError, ValueError) as e:
+        raise StartupError(f"GPUs per target rank by measured size (--target-gpus-per-rank 0): {e} (or pass "
+                           "--target-gpus-per-rank: 1 a replica per GPU, N the layers split over N GPUs)") from None
+
+
 def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[str]]:
     """(layout, problems) of a torchrun job of world_size ranks: the ranks' own rule and queue check."""
     import torch
@@ -216,7 +237,7 @@ def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[st
     from dflash_trainer.config import StartupError
     cuda = torch.cuda.is_available()
     try:
-        per_rank, _why = dist_world.gpus_per_target_rank(cfg, cuda)
+        per_rank = _gpus_per_target_rank(cfg, cuda)
         T, _D, layout = dist_world.plan_layout(cfg, world_size, cuda, per_rank)
     except StartupError as e:
         return None, [str(e)]
