@@ -9,7 +9,10 @@ directory (config readable, a model family transformers has, staged manifest com
 the data directory (shards with their columns, token ids inside the target's vocabulary: the tokenizer matches), the
 output directory (writable, room for the next checkpoint), the GPU indexes (visible devices), and for WORLD_SIZE > 1
 the torchrun layout (dist_world.plan_layout, the rule the ranks follow) and the hidden-state queues' host memory
-(dist_train.check_queue_memory). Nothing is created or written: no heartbeat, no run or output directory.
+(dist_train.check_queue_memory, against MemTotal). Nothing is created or written: no heartbeat, no run or output
+directory. The check runs before the live run is stopped, so what that run holds (host memory, GPU memory) is
+counted as the new run's: it refuses what cannot work even once the live run is gone, and the ranks check the free
+amounts again at start.
 
 Output: one JSON line on stdout, {"check": "ok"|"failed", "problems": [...], "world_size", "layout", "settings"},
 where settings are the resolved values the run contract needs (run_dir, output_dir, checkpoints,
@@ -229,6 +232,14 @@ def _gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> int:
                            "--target-gpus-per-rank: 1 a replica per GPU, N the layers split over N GPUs)") from None
 
 
+def _mem_total() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no MemTotal in /proc/meminfo")
+
+
 def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[str]]:
     """(layout, problems) of a torchrun job of world_size ranks: the ranks' own rule and queue check."""
     import torch
@@ -246,7 +257,9 @@ def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[st
                                   device=torch.device(layout[T]["device"]))
     local = {k: os.environ.pop(k) for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if k in os.environ}
     try:
-        dist_train.check_queue_memory(cfg, world)
+        # MemTotal, not MemAvailable: the live run's queues still hold host memory until it is stopped; the check
+        # refuses what cannot fit even then, and the ranks check MemAvailable again at start.
+        dist_train.check_queue_memory(cfg, world, available=_mem_total())
     except (StartupError, OSError, KeyError, ValueError) as e:
         return layout, [str(e)]
     finally:
