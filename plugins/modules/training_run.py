@@ -18,8 +18,14 @@ description:
     run that shares a GPU (SIGTERM to its process group, grace period, SIGKILL), wait until the GPUs are released,
     launch detached (new session, stdin from /dev/null, output to the run's log, pid file written before exec),
     then assert that the new process is alive, runs the launched command and writes a heartbeat.
-  - A failed launch returns C(failed), the exit status and the last lines of the log; the previous run's logs and
-    checkpoints are kept (older C(train.log) files are renamed, never overwritten).
+  - Before anything is stopped (and in check mode too), the installed trainer checks the new configuration without
+    running it - the run's command with C(--check) before its flags (C(dflash-train --check)), the run's environment
+    without O(secret_env), and for a torchrun job C(WORLD_SIZE) = O(nproc_per_node). A configuration it refuses (a
+    misspelled or malformed flag, a missing target or data directory, GPUs it does not see, a torchrun layout its
+    ranks would refuse, ...) fails the task with the trainer's lines and C(bad_input), saying that nothing was
+    stopped; the live run keeps its pid and goes on training. The check answers within O(heartbeat_timeout).
+  - A failed launch returns C(failed), the exit status, the trainer's own error line and the last lines of the log;
+    the previous run's logs and checkpoints are kept (older C(train.log) files are renamed, never overwritten).
   - Secrets in O(secret_env) travel on stdin, never in an argument vector, a log or C(launch.json).
 version_added: 0.1.0
 author: dflash.ops maintainers (!UNKNOWN)
@@ -82,12 +88,10 @@ options:
         torchrun's own C(--shutdown-timeout) (set to O(stop_timeout) all the same). A pid counts as a rank only while
         C(/proc) shows it leads its process group with the run's C(DFLASH_RUN_DIR) and its C(RANK).
       - Alive means the agent and every rank that registered are alive. C(launch.json)'s C(job) records the process
-        count, the ranks' directory and the world layout, by the trainer's rule from O(trainer_args) - on GPUs, a target
-        rank per group of C(target_gpus_per_rank) consecutive C(target_gpus) (leftover GPUs idle; its GPUs in the
-        row's C(gpus) when more than one) and a drafter rank per C(drafter_gpus); with C(target_gpus_per_rank) 0 or
-        unset the trainer measures the group size at start, so any size that makes O(nproc_per_node) ranks is
-        accepted, and a target row names its GPUs only where one size does; on the CPU C(target_ranks) target
-        ranks and the rest drafters. A process count the trainer would refuse is refused before anything is stopped.
+        count, the ranks' directory and the world layout as the installed trainer's check answers them (the module
+        holds no copy of the trainer's rule) - each rank's role and GPU (a target rank over several GPUs lists them
+        in C(gpus); C(gpu) is null on the CPU). A process count the trainer would refuse is refused by that check,
+        before anything is stopped.
       - One host only (C(--standalone)); several hosts are not managed by this module.
     type: int
     default: 1
@@ -134,7 +138,8 @@ options:
     type: float
     default: 0.5
   heartbeat_timeout:
-    description: Seconds (after O(settle_time)) to wait for the first heartbeat written by the new pid.
+    description: Seconds (after O(settle_time)) to wait for the first heartbeat written by the new pid; also how long
+      the trainer's check (C(--check)) may take before the launch is refused.
     type: float
     default: 120
   wait_for_phase:
@@ -295,10 +300,10 @@ gpu_wait:
   type: dict
   sample: {gpus: [0, 1], skipped: true, reason: "GPU memory wait skipped: NVML could not start", waited_s: 0.0}
 timings:
-  description: Seconds per phase (lock, stop, gpu_wait, launch, first_heartbeat, verify) that ran.
+  description: Seconds per phase (lock, trainer_check, stop, gpu_wait, launch, first_heartbeat, verify) that ran.
   returned: state is not status
   type: dict
-  sample: {lock: 0.0, stop: 3.2, gpu_wait: 0.5, launch: 0.01, first_heartbeat: 0.8, verify: 1.0}
+  sample: {lock: 0.0, trainer_check: 0.5, stop: 3.2, gpu_wait: 0.5, launch: 0.01, first_heartbeat: 0.8, verify: 1.0}
 rc:
   description: Exit status of a launched trainer that died during verification; for a trainer command refused
     before anything was stopped, 127 (it does not exist) or 126 (not executable, or older than
@@ -306,6 +311,12 @@ rc:
   returned: when failed after launch, or when the trainer command was refused
   type: int
   sample: 1
+bad_input:
+  description: True when the trainer's check refused the configuration (nothing was stopped or launched); the
+    message holds the trainer's lines.
+  returned: when the trainer's check refused the configuration
+  type: bool
+  sample: true
 log_tail:
   description: Last lines of the run's log (O(log_tail_lines) on failure, O(status_log_lines) with V(status)).
   returned: state is status, or when failed after launch
@@ -323,7 +334,7 @@ ranks:
            {rank: 1, pid: 4251, alive: true, role: drafter, gpu: 1}]
 world:
   description: The torchrun job's record from C(launch.json) (null for one process) - C(nproc_per_node), C(ranks_dir),
-    C(layout) (null when the trainer flags do not say it), C(shutdown_timeout_s).
+    C(layout) (the trainer check's answer - each rank's role and GPU), C(shutdown_timeout_s).
   returned: state is status, or when launched (not in check mode)
   type: dict
   sample: {launcher: torchrun, nproc_per_node: 2, ranks_dir: /workspace/runs/r1/ranks, shutdown_timeout_s: 600,

@@ -85,9 +85,14 @@ def test_configure_gives_every_awx_module_arguments_it_accepts(tmp_path, standin
     failed = {a: c for a, c in calls.items() if any(x.get("failed") for x in c)}
     assert status == "successful" and not failed, failed
     templates = {t["name"]: t for t in calls["awx.awx.job_template"]}
-    assert sorted(templates) == ["Install trainer", "Provision", "Restart training", "Stage weights",
-                                 "Stop training", "Training status"]
+    assert sorted(templates) == ["Install trainer", "Preview restart", "Provision", "Restart training",
+                                 "Stage weights", "Stop training", "Training status"]
     assert all(t["allow_simultaneous"] is False for t in templates.values())
+    # the preview: Restart training's playbook and survey, as a check job with its diff
+    preview = templates["Preview restart"]
+    assert (preview["job_type"], preview["diff_mode"], preview["playbook"]) == ("check", True,
+                                                                                 "playbooks/restart_training.yml")
+    assert preview["survey_spec"] == _yaml("surveys", "restart_training.yml")
     restart = templates["Restart training"]
     assert restart["credentials"] == ["proxmox root", "dflash training secrets"]
     assert restart["survey_enabled"] and restart["survey_spec"] == _yaml("surveys", "restart_training.yml")
@@ -159,5 +164,5 @@ def test_every_template_runs_a_playbook_of_the_project_and_its_survey_is_there(n
 
 def test_yes_no_questions_are_multiple_choice_no_yes():
     force = [q for n in SURVEYS for q in _yaml("surveys", n)["spec"] if q["variable"] == "force"]
-    assert len(force) == 2 and all(q["type"] == "multiplechoice" and q["choices"] == ["no", "yes"]
+    assert len(force) == 3 and all(q["type"] == "multiplechoice" and q["choices"] == ["no", "yes"]
                                    and q["default"] == "no" for q in force)

@@ -166,7 +166,7 @@ def test_progress_is_printed_per_task_while_the_job_runs(inv):
     assert proc.wait() == 0 and seen_running == [True]
 
 
-def test_a_failed_job_exits_1_with_the_message_and_the_log_tail(inv):
+def test_a_failed_job_exits_1_with_the_message_and_the_log_tail_and_bad_input_2(inv):
     runs = json.loads(open(inv.path).read())
     host = runs["dflash_training"]["hosts"]["localhost"]
     host["dflash_runs"]["crash"] = {"trainer_args": {"crash": 3}}
@@ -175,8 +175,8 @@ def test_a_failed_job_exits_1_with_the_message_and_the_log_tail(inv):
     assert rc == 1, out + err
     assert err.startswith("dflash_ops: Training run crash: restarted failed on localhost: ")
     assert "| fake_trainer pid=" in err  # the run's log tail
-    rc, out, err = cli(inv, "stop", "nope")
-    assert rc == 1 and "undeclared run nope: declared runs are crash, r1, r2" in err
+    rc, out, err = cli(inv, "stop", "nope")  # bad input, found by the playbook's check of the inputs: exit 2
+    assert rc == 2 and "undeclared run nope: declared runs are crash, r1, r2" in err, out + err
 
 
 def test_two_concurrent_launches_end_with_one_live_run(inv):
@@ -264,3 +264,31 @@ def test_the_secrets_credential_reaches_the_trainer_and_no_job_event(inv):
             glob.glob(str(inv.runs / "r1" / "*")):
         if os.path.isfile(path):
             assert secret not in open(path, errors="replace").read(), path
+
+
+def test_a_restart_preview_shows_the_diff_and_changes_nothing(inv):
+    assert cli(inv, "restart", "r1")[0] == 0
+    pid = (inv.runs / "r1" / "pid").read_text()
+    launch_json = (inv.runs / "r1" / "launch.json").read_text()
+    rc, out, err = cli(inv, "restart", "r1", "--profile-interval", "30", "--check")  # a changed configuration
+    assert rc == 0, out + err
+    assert out.startswith("Preview restart: playbooks/restart_training.yml (")
+    assert "      diff run r1: \n" in out and "        fingerprint: " in out, out
+    assert '"DFLASH_PROFILE_INTERVAL": "60"' in out and '"DFLASH_PROFILE_INTERVAL": "30"' in out, out
+    assert (inv.runs / "r1" / "pid").read_text() == pid and len(starts(inv.runs / "r1")) == 1
+    assert (inv.runs / "r1" / "launch.json").read_text() == launch_json
+    rc, out, err = cli(inv, "restart", "r1", "--check")
+    assert rc == 0 and "      diff run r1: no change" in out, out + err
+
+
+def test_a_configuration_the_trainer_refuses_exits_2_through_the_entry_point_and_the_preview(inv):
+    runs = json.loads(open(inv.path).read())
+    runs["dflash_training"]["hosts"]["localhost"]["dflash_runs"]["typo"] = {
+        "trainer_args": {"refuse_check": "unrecognized argument --blok-size=8"}}
+    open(inv.path, "w").write(json.dumps(runs))
+    for preview in ([], ["--check"]):
+        rc, out, err = cli(inv, "restart", "typo", *preview)
+        assert rc == 2, out + err
+        assert ("the trainer's check refused this configuration, so nothing was stopped: unrecognized argument "
+                "--blok-size=8") in err
+    assert not (inv.runs / "typo").exists()

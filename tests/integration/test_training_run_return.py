@@ -56,6 +56,8 @@ def scenarios(ansible, runs_root):
     call("restart, crash", args(runs_root, name="r3", trainer_args={"crash": 3}), want_ok=False)
     call("restart, no heartbeat", args(runs_root, name="r4", trainer_args={"no_heartbeat": True},
                                        heartbeat_timeout=1), want_ok=False)
+    call("restart, refused by the trainer's check", args(runs_root, name="r5", trainer_args={"refuse_check": "no"}),
+         want_ok=False)
     # A stopped container (pct as pve-container answers then): a stop does nothing and succeeds.
     pct = runs_root.parent / "pct-stopped"
     pct.write_text("#!/bin/sh\necho \"container '$2' not running!\" >&2\nexit 255\n")

@@ -49,7 +49,7 @@ def runs_root(tmp_path):
             pass
 
 
-def make_req(runs_root, tiny, **params):
+def make_req(runs_root, tiny, extra_args=None, **params):
     p = training_backend.argument_spec().defaults()
     run_dir = str(runs_root / "r1")
     p.update(name="r1", state="restarted", transport="local", runs_root=str(runs_root),
@@ -60,7 +60,7 @@ def make_req(runs_root, tiny, **params):
                            "drafter_gpus": [], "target_ranks": 1, "block_size": 4, "max_anchors": 16,
                            "num_draft_layers": 1, "gamma": 4, "token_budget": 1024, "max_seq_len": 256,
                            "max_batch_size": 4, "grad_accum": 1, "log_interval": 1, "heartbeat_interval": 0.2,
-                           "epochs": 50, "hs_queue_depth": 3, "hs_queue_min_ready": 2},
+                           "epochs": 50, "hs_queue_depth": 3, "hs_queue_min_ready": 2, **(extra_args or {})},
              settle_time=0.2, heartbeat_timeout=120, stop_timeout=60, lock_timeout=5, log_tail_lines=30,
              wait_for_phase="training", phase_timeout=120)
     p.update(params)
@@ -140,3 +140,40 @@ def test_a_sigkilled_agent_leaves_no_rank_and_stop_ends_what_is_left(runs_root, 
     assert status["alive"] is False and status["pid"] is None and not any(r["alive"] for r in status["ranks"])
     stopped = run_lifecycle.change(make_req(runs_root, tiny, state="stopped"))
     assert stopped["action"] == "none" and job_processes(run_dir) == set(), stopped
+
+
+def _step(run_dir):
+    return (json.load(open(os.path.join(run_dir, "heartbeat.json"))).get("step") or 0)
+
+
+@pytest.mark.parametrize("extra,line", [
+    # a layout torchrun's ranks would refuse: 3 target ranks of 3 leave no drafter
+    ({"target_ranks": 3},
+     "--target-ranks 3 leaves 0 drafter ranks of the 3 torchrun started; pass --target-ranks between 1 and 2"),
+    # a misspelled flag in trainer_args, the everyday typo
+    ({"blok_size": 8},
+     "unrecognized argument --blok-size=8: dflash-train has no flag --blok-size; did you mean --block-size?"),
+])
+def test_a_configuration_the_trainer_refuses_leaves_the_live_job_as_it_was(runs_root, tiny, extra, line):
+    run_dir = str(runs_root / "r1")
+    first = run_lifecycle.change(make_req(runs_root, tiny))
+    agent, ranks = first["pid"], {r["pid"] for r in first["ranks"]}
+    wait_for(lambda: _step(run_dir) >= 1, 120, "no step of the live job")
+    launch_before = open(os.path.join(run_dir, "launch.json")).read()
+    logs_before = sorted(n for n in os.listdir(run_dir) if n.endswith(".log"))
+    for check_mode in (True, False):
+        req = make_req(runs_root, tiny, extra)
+        req["check_mode"] = check_mode
+        with pytest.raises(run_lifecycle.LifecycleError) as exc:
+            run_lifecycle.change(req)
+        assert str(exc.value) == ("the trainer's check refused this configuration, so nothing was stopped (r1 "
+                                  "(pid %d) still running): %s" % (agent, line))
+    step = _step(run_dir)
+    wait_for(lambda: _step(run_dir) > step, 120, "the live job stopped stepping")
+    assert job_processes(run_dir) == {agent} | ranks
+    assert open(os.path.join(run_dir, "launch.json")).read() == launch_before
+    assert sorted(n for n in os.listdir(run_dir) if n.endswith(".log")) == logs_before
+
+
+def _step(run_dir):
+    return json.load(open(os.path.join(run_dir, "heartbeat.json"))).get("step") or 0

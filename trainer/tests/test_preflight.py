@@ -93,3 +93,23 @@ def test_a_missing_required_flag_is_named(tiny, tmp_path):
     rc, _report, _rest, err = check(cmd)
     assert rc == 2 and err == ["dflash-train: error: --output-dir is required; pass it (e.g. --output-dir "
                                "/workspace/runs/r1/out)"]
+
+
+def test_a_model_family_transformers_does_not_have_is_refused(tiny, tmp_path):
+    import shutil
+    target = tmp_path / "target"
+    shutil.copytree(tiny["target"], target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps(dict(config, model_type="nosuchfamily")))
+    rc, _report, _rest, err = check(train_cmd(tiny, tmp_path / "out", "--target-model", str(target)))
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"dflash-train: error: --target-model {target}: model_type 'nosuchfamily' is not a "
+                             "family transformers ")
+
+
+def test_queues_that_cannot_fit_the_host_are_refused_with_the_ranks_own_line(tiny, tmp_path):
+    # 10**6 queued micro-batches of 1,024 tokens x 5 taps x hidden 64 x 4 bytes: ~1.3 TB for the 2 drafter ranks
+    cmd = train_cmd(tiny, tmp_path / "out", "--target-ranks", "1", "--hs-queue-depth", "1000000")
+    rc, _report, _rest, err = check(cmd, {"WORLD_SIZE": "3"})
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("dflash-train: error: the hidden-state queues need ") and "lower --hs-queue-depth" in err[0]

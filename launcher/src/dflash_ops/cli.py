@@ -1,12 +1,12 @@
 """python -m dflash_ops: the job templates of awx/ from a shell, through ansible-runner (launcher/README.md).
 
-  python -m dflash_ops restart slammed5 [--force] [--profile-interval S] [--split-fc-layers 0|1] [-i INVENTORY]
+  python -m dflash_ops restart slammed5 [--force] [--profile-interval S] [--split-fc-layers 0|1] [--check] [-i INVENTORY]
   python -m dflash_ops stop slammed5 | status slammed5 | stage [--verify full] [--force] | provision | install-trainer
   python -m dflash_ops launch "Restart training" --answers '{"run": "slammed5", "force": "no"}'
 
 Each command is the job template of the same name with the survey answers AWX would send (strings for text and
 multiple choice, numbers for integer questions). Exit 0: the job succeeded; 1: it failed (message + log tail);
-2: bad input, nothing was run.
+2: bad input, nothing was run (answers refused here, an input the playbook refused, or the trainer's check).
 """
 import argparse
 import json
@@ -61,6 +61,9 @@ def parser():
     c.add_argument("--force", action="store_true", help="restart even when the same configuration is alive")
     c.add_argument("--profile-interval", type=int, help="DFLASH_PROFILE_INTERVAL for this launch (seconds)")
     c.add_argument("--split-fc-layers", choices=["0", "1"], help="DFLASH_SPLIT_FC_LAYERS for this launch")
+    c.add_argument("--check", dest="template", action="store_const", const="Preview restart",
+                   help="preview: what the restart would stop and launch (job template Preview restart: check mode "
+                        "with diff), after the trainer's check; changes nothing")
     command("stop", "Stop training", lambda a: {"run": a.run}, "stop a run").add_argument("run")
     command("status", "Training status", lambda a: {"run": a.run}, "report on a run").add_argument("run")
     c = command("stage", "Stage weights", _answers_stage, "stage the target's weights into /dev/shm")
@@ -95,5 +98,5 @@ def main(argv=None, out=None):
     if not outcome.ok:
         for line in launch.failure_report(outcome):
             print("dflash_ops: " + line if not line.startswith(" ") else line, file=sys.stderr)
-        return 1
+        return 2 if launch.bad_input(outcome) else 1
     return 0

@@ -47,8 +47,15 @@ def run(project, template, data_dir, inventory=None, out=None):
     env = {"ANSIBLE_CONFIG": str(project / "ansible.cfg"),  # resolves dflash.ops.* from the checkout, as in AWX
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     r = ansible_runner.run(private_data_dir=data_dir, project_dir=str(project), playbook=template.playbook,
-                           inventory=inventory, envvars=env, quiet=True, event_handler=progress)
+                           inventory=inventory, envvars=env, quiet=True, event_handler=progress,
+                           cmdline=template.cmdline or None)
     return Outcome(r.status, r.rc, r.config.artifact_dir, progress.failure)
+
+
+def bad_input(outcome):
+    """Did the job fail on bad input (dflash.ops.training_inputs, or the trainer's check of the configuration)?
+    Nothing was changed then: exit status 2, as for answers refused before anything runs."""
+    return bool(((outcome.failure or {}).get("res") or {}).get("bad_input"))
 
 
 def failure_report(outcome):

@@ -1,4 +1,5 @@
 """Live progress from ansible-runner's events: each task as it starts, each host's result, the role's summary."""
+import json
 import sys
 
 
@@ -32,6 +33,8 @@ class Progress(object):
             self._print("    skipped: %s" % host)
         elif kind == "runner_on_ok":
             self._print("    %s: %s" % ("changed" if res.get("changed") else "ok", host))
+            for diff in ([res["diff"]] if isinstance(res.get("diff"), dict) else res.get("diff") or []):
+                self._diff(diff)
             if data.get("task_action") in ("debug", "ansible.builtin.debug") and isinstance(res.get("msg"), str):
                 for line in res["msg"].splitlines():
                     self._print("      " + line)
@@ -39,3 +42,13 @@ class Progress(object):
             self.failure = data
             self._print("    %s: %s: %s" % ("FAILED" if kind == "runner_on_failed" else "UNREACHABLE", host,
                                            res.get("msg", "")))
+
+    def _diff(self, diff):
+        """--diff (a preview): each key whose value would change, before -> after."""
+        before, after = diff.get("before"), diff.get("after")
+        if not isinstance(before, dict) or not isinstance(after, dict):
+            return
+        changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+        self._print("      diff %s: %s" % (diff.get("after_header") or "", "no change" if not changed else ""))
+        for key in changed:
+            self._print("        %s: %s -> %s" % (key, json.dumps(before.get(key)), json.dumps(after.get(key))))

@@ -59,6 +59,12 @@ class Template(object):
         return self.fields.get("extra_vars") or {}
 
     @property
+    def cmdline(self):
+        """ansible-playbook options AWX adds for the template: --check for job type check, --diff for diff mode."""
+        return " ".join((["--check"] if self.fields.get("job_type") == "check" else [])
+                        + (["--diff"] if self.fields.get("diff_mode") else []))
+
+    @property
     def questions(self):
         return self.survey["spec"] if self.survey else []
 

@@ -5,11 +5,14 @@
 
 The argv and the environment knobs are parsed exactly as a launch parses them (cli.py's generated flags,
 config.TrainConfig and its checks), then every start-up check that needs no weights on a GPU runs: the target
-directory (config readable, staged manifest complete, mask token, tapped layers), the data directory (shards with
-their columns, token ids inside the target's vocabulary: the tokenizer matches), the output directory (writable,
-room for the next checkpoint), the GPU indexes (visible devices), and for WORLD_SIZE > 1 the torchrun layout
-(dist_world.plan_layout, the rule the ranks follow) and the hidden-state queues' host memory
-(dist_train.check_queue_memory). Nothing is created or written: no heartbeat, no run or output directory.
+directory (config readable, a model family transformers has, staged manifest complete, mask token, tapped layers),
+the data directory (shards with their columns, token ids inside the target's vocabulary: the tokenizer matches), the
+output directory (writable, room for the next checkpoint), the GPU indexes (visible devices), and for WORLD_SIZE > 1
+the torchrun layout (dist_world.plan_layout, the rule the ranks follow) and the hidden-state queues' host memory
+(dist_train.check_queue_memory, against MemTotal). Nothing is created or written: no heartbeat, no run or output
+directory. The check runs before the live run is stopped, so what that run holds (host memory, GPU memory) is
+counted as the new run's: it refuses what cannot work even once the live run is gone, and the ranks check the free
+amounts again at start.
 
 Output: one JSON line on stdout, {"check": "ok"|"failed", "problems": [...], "world_size", "layout", "settings"},
 where settings are the resolved values the run contract needs (run_dir, output_dir, checkpoints,
@@ -124,6 +127,27 @@ def _tokens_fit(cfg: TrainConfig, vocab_size: int) -> list[str]:
     return problems
 
 
+def check_family(cfg: TrainConfig, target_config: dict) -> list[str]:
+    """The target's model_type is a family the installed transformers has (its models/<type> package), found
+    without importing transformers (which imports torch: seconds)."""
+    import importlib.metadata
+    import importlib.util
+    model_type = target_config.get("model_type")
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return ["transformers is not installed in this environment; reinstall the trainer (pip install "
+                "dflash_trainer pulls it in)"]
+    if not isinstance(model_type, str) or not model_type:
+        return [f"--target-model {cfg.target_model}: config.json has no model_type; pass a Hugging Face causal LM "
+                "directory"]
+    models = os.path.join(spec.submodule_search_locations[0], "models")
+    if os.path.isdir(os.path.join(models, model_type.replace("-", "_"))):
+        return []
+    return [f"--target-model {cfg.target_model}: model_type {model_type!r} is not a family transformers "
+            f"{importlib.metadata.version('transformers')} can load; pass a Hugging Face causal LM directory "
+            "(e.g. qwen3, qwen3_5, llama) or install a transformers that knows it"]
+
+
 def _nearest_existing(path: str) -> str:
     path = os.path.abspath(path)
     while not os.path.exists(path):
@@ -187,6 +211,35 @@ def check_devices(cfg: TrainConfig) -> list[str]:
     return []
 
 
+def _gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> int:
+    """dist_world.gpus_per_target_rank, except where it measures (--target-gpus-per-rank 0 on GPUs): the check runs
+    before the live run is stopped, while that run still holds these GPUs, so it plans with their total memory - what
+    the ranks will have once the run is stopped and its memory released (the lifecycle waits for that). The ranks
+    measure the free memory again at start."""
+    import torch
+
+    from dflash_trainer import dist_world
+    from dflash_trainer.config import StartupError
+    if cfg.target_gpus_per_rank or not dist_world.uses_gpus(cfg, cuda) or not cfg.target_gpus:
+        return dist_world.gpus_per_target_rank(cfg, cuda)[0]
+    from dflash_trainer.target_split import measured_gpus_per_rank
+    total = min(torch.cuda.get_device_properties(i).total_memory for i in cfg.target_gpus)
+    try:
+        return measured_gpus_per_rank(cfg.target_model, cfg.target_gpus, cfg.token_budget,
+                                      free=(total, "total (checked before the live run is stopped)"))[0]
+    except (OSError, KeyError, ValueError) as e:
+        raise StartupError(f"GPUs per target rank by measured size (--target-gpus-per-rank 0): {e} (or pass "
+                           "--target-gpus-per-rank: 1 a replica per GPU, N the layers split over N GPUs)") from None
+
+
+def _mem_total() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no MemTotal in /proc/meminfo")
+
+
 def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[str]]:
     """(layout, problems) of a torchrun job of world_size ranks: the ranks' own rule and queue check."""
     import torch
@@ -196,7 +249,7 @@ def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[st
     from dflash_trainer.config import StartupError
     cuda = torch.cuda.is_available()
     try:
-        per_rank, _why = dist_world.gpus_per_target_rank(cfg, cuda)
+        per_rank = _gpus_per_target_rank(cfg, cuda)
         T, _D, layout = dist_world.plan_layout(cfg, world_size, cuda, per_rank)
     except StartupError as e:
         return None, [str(e)]
@@ -205,7 +258,9 @@ def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[st
                                   device=torch.device(layout[T]["device"]))
     local = {k: os.environ.pop(k) for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if k in os.environ}
     try:
-        dist_train.check_queue_memory(cfg, world)
+        # MemTotal, not MemAvailable: the live run's queues still hold host memory until it is stopped; the check
+        # refuses what cannot fit even then, and the ranks check MemAvailable again at start.
+        dist_train.check_queue_memory(cfg, world, available=_mem_total())
     except (StartupError, OSError, KeyError, ValueError) as e:
         return layout, [str(e)]
     finally:
@@ -246,6 +301,8 @@ def check(argv: list[str], environ=os.environ) -> dict:
     except KeyError as e:
         problems.append(f"--target-model {cfg.target_model}: config.json has no {e}; pass a HF causal LM directory")
         target_ok = False
+    if target_ok:
+        problems += check_family(cfg, target_config)
     try:
         validate_data(cfg)
         if target_ok:

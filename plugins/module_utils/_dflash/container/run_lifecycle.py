@@ -334,14 +334,14 @@ def _change(req, timings):
             # Before anything is stopped: a launch that cannot start must not cost the running run.
             check_trainer(req["argv"], _launch_path(req), req.get("cwd") or req["run_dir"],
                           req.get("expect_trainer_version"))
-            settings = trainer_check(req)
+            settings = _timed(timings, "trainer_check", trainer_check, req)
             check_gpus_exist(req.get("gpus") or [], req["gpu_device_pattern"])
             check_space(settings, req["run_dir"])
         except TrainerRefused as exc:
             raise LifecycleError(str(exc), rc=exc.rc)
         except CheckRefused as exc:
             raise LifecycleError("the trainer's check refused this configuration, so nothing was stopped%s: %s"
-                                 % (_still_running(runs), exc))
+                                 % (_still_running(runs), exc), bad_input=True)
         except ValueError as exc:
             raise LifecycleError(str(exc))
         result.update(changed=True, action="launched", would_stop=[name for name, _pid in runs])

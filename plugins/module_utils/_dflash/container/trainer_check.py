@@ -48,7 +48,7 @@ def run_check(argv, env, cwd, timeout):
     """The trainer's report of argv (--check already in it), or CheckRefused naming every problem it printed."""
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=env, cwd=cwd, timeout=timeout, close_fds=True, start_new_session=True)
+                              env=env, cwd=cwd, timeout=timeout, close_fds=True, start_new_session=True, check=False)
     except subprocess.TimeoutExpired:
         raise CheckRefused("the trainer's check (%s %s) did not answer within %ss; raise heartbeat_timeout if the "
                            "trainer is slow to import here" % (argv[0], CHECK_FLAG, timeout))
