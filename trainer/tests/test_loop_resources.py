@@ -8,7 +8,7 @@ import pytest
 
 from trainer_testlib import read_metrics, train_cmd
 from dflash_trainer.loop import train
-from dflash_trainer.telemetry import writers as telemetry
+import dflash_trainer.telemetry.writers as telemetry
 from dflash_trainer.loop.checkpoint import find_latest
 from dflash_trainer.cli import config_from_args
 from dflash_trainer.config import validate_paths

@@ -218,11 +218,11 @@ def _gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> int:
     measure the free memory again at start."""
     import torch
 
-    from dflash_trainer import dist_world
+    from dflash_trainer.distributed import world as dist_world
     from dflash_trainer.config import StartupError
     if cfg.target_gpus_per_rank or not dist_world.uses_gpus(cfg, cuda) or not cfg.target_gpus:
         return dist_world.gpus_per_target_rank(cfg, cuda)[0]
-    from dflash_trainer.target_split import measured_gpus_per_rank
+    from dflash_trainer.model.target_split import measured_gpus_per_rank
     total = min(torch.cuda.get_device_properties(i).total_memory for i in cfg.target_gpus)
     try:
         return measured_gpus_per_rank(cfg.target_model, cfg.target_gpus, cfg.token_budget,
