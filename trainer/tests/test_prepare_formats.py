@@ -136,6 +136,7 @@ def test_split_shuffle_and_num_rows(chat_target, tmp_path):
                    folder / "train-00000-of-00001.parquet")
     pq.write_table(pa.Table.from_pylist([{"text": f"{w} {w} blue"} for w in words[:3]]),
                    folder / "test-00000-of-00001.parquet")
+    (tmp_path / "repo" / "README.md").write_text("# a dataset card\n")
 
     def firsts(out, **kw):
         stats = prepare(chat_target, [str(tmp_path / "repo")], str(tmp_path / out), progress=False, **kw)
@@ -151,6 +152,19 @@ def test_split_shuffle_and_num_rows(chat_target, tmp_path):
     assert a == b and len(a) == 5 and a != c and [r[0] for r in a] != words[:5]
     with pytest.raises(ValueError, match="--split validation"):
         firsts("none", split="validation")
+
+
+def test_a_folder_saved_by_datasets_is_read_by_split(chat_target, tmp_path):
+    import datasets
+    splits = {"train": [_alpaca(i) for i in range(3)], "test": [_prompt_completion(0)]}
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()}).save_to_disk(
+        str(tmp_path / "saved"))
+    stats = prepare(chat_target, [str(tmp_path / "saved")], str(tmp_path / "out"), progress=False, split="test")
+    assert stats["format"] == "prompt_completion" and stats["num_rows_written"] == 1
+    stats = prepare(chat_target, [str(tmp_path / "saved")], str(tmp_path / "train"), progress=False)
+    assert stats["format"] == "alpaca" and stats["num_rows_written"] == 3
+    with pytest.raises(ValueError, match="holds the splits train, test"):
+        prepare(chat_target, [str(tmp_path / "saved")], str(tmp_path / "x"), progress=False, split="dev")
 
 
 def test_bad_rows_of_every_shape_are_skipped_and_counted(chat_target, tmp_path):

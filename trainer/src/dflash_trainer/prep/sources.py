@@ -1,7 +1,8 @@
 """The input rows of dflash-prepare-data: local files and folders read through the `datasets` library.
 
 --input names files (.json, .jsonl, .parquet, .arrow) or folders (a dataset repository's checkout: its shards,
-split by file name as `datasets` splits them, e.g. data/train-00000-of-00002.parquet). --split picks the split,
+split by file name as `datasets` splits them, e.g. data/train-00000-of-00002.parquet; or a folder written by
+`Dataset.save_to_disk`). --split picks the split,
 --shuffle shuffles with --seed, --num-rows keeps the first N rows (after the shuffle). A JSON file `datasets`
 cannot parse (a broken line) is read line by line instead, each broken line counted as bad_json.
 """
@@ -40,9 +41,6 @@ def data_files(inputs: list[str]) -> list[str]:
             files.append(path)
         else:
             raise ValueError(f"--input {path} does not exist; pass data files ({', '.join(BUILDERS)}) or a folder")
-    builders = {BUILDERS[os.path.splitext(f)[1]] for f in files}
-    if len(builders) > 1:
-        raise ValueError(f"--input mixes {' and '.join(sorted(builders))} files; prepare each kind separately")
     return files
 
 
@@ -88,10 +86,21 @@ def _load_datasets(inputs: list[str], files: list[str], split: str, cache_dir: s
         raise ValueError("dflash-prepare-data reads its input with the datasets library; pip install "
                          "'dflash_trainer[data]' (or datasets)") from None
     datasets.disable_progress_bars()
+    folder = inputs[0] if len(inputs) == 1 and os.path.isdir(inputs[0]) else None
+    if folder and any(os.path.isfile(os.path.join(folder, n)) for n in ("state.json", "dataset_dict.json")):
+        saved = datasets.load_from_disk(folder)  # written by save_to_disk: a Dataset or a DatasetDict of splits
+        if isinstance(saved, datasets.DatasetDict):
+            if split not in saved:
+                raise ValueError(f"--split {split}: {folder} holds the splits {', '.join(saved)}")
+            return saved[split]
+        return saved
+    builders = {BUILDERS[os.path.splitext(f)[1]] for f in files}
+    if folder is None and len(builders) > 1:
+        raise ValueError(f"--input mixes {' and '.join(sorted(builders))} files; prepare each kind separately")
     builder = BUILDERS[os.path.splitext(files[0])[1]]
     try:
-        if len(inputs) == 1 and os.path.isdir(inputs[0]):  # a dataset folder: its splits by file name
-            return datasets.load_dataset(inputs[0], split=split, cache_dir=cache_dir)
+        if folder:  # a dataset folder: its splits by file name (or its README's configs), as datasets splits them
+            return datasets.load_dataset(folder, split=split, cache_dir=cache_dir)
         return datasets.load_dataset(builder, data_files={split: files}, split=split, cache_dir=cache_dir)
     except ValueError as e:
         if "split" in str(e).lower():
