@@ -320,18 +320,26 @@ def test_engine_rotation_is_the_trained_one(engine, rope_export):
             "rope_parameters"] == {"rope_type": "default", "rope_theta": 10_000_000.0}
 
 
-@pytest.mark.parametrize("rope,engine,field", [
+@pytest.mark.parametrize("rope,declared,engine,field", [
     # what from_target wrote before: the target's quarter rotary (SGLang rotates the whole head)
-    ({"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25}, "sglang",
+    ({"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25}, None, "sglang",
      "partial_rotary_factor"),
     # the target's dynamic NTK kept: SGLang's fixed NTK base is neither training's nor vLLM's
-    ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, "sglang", "rope_type"),
+    ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, None, "sglang", "rope_type"),
+    # a whole-head drafter whose export claimed a quarter: vLLM would rotate a quarter
+    (None, {"partial_rotary_factor": 0.25}, "vllm", "partial_rotary_factor"),
+    # ... or another scaling than the one trained
+    (None, {"rope_type": "linear", "factor": 4.0}, "vllm", "rope_type"),
 ])
-def test_rotation_trained_otherwise_fails_naming_engine_and_field(rope, engine, field, tiny, tmp_path):
+def test_rotation_trained_otherwise_fails_naming_engine_and_field(rope, declared, engine, field, tiny, tmp_path):
     from transformers import AutoConfig
     cfg = DrafterConfig.from_target(AutoConfig.from_pretrained(tiny["target"]), 1, [1, 3, 5], block_size=4,
                                     mask_token_id=511)
     cfg = DrafterConfig.from_dict(cfg.to_dict() | {"rope_parameters": rope})
     export_dir, trained = _export(tmp_path, tiny["target"], cfg)
+    if declared:
+        config = json.load(open(f"{export_dir}/config.json"))
+        config["rope_parameters"].update(declared)
+        json.dump(config, open(f"{export_dir}/config.json", "w"))
     errors = rope_errors(engine, export_dir, trained)
     assert len(errors) == 1 and errors[0].startswith(f"{engine}: rope_parameters.{field}:") and ".py:" in errors[0]
