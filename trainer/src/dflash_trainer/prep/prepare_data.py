@@ -183,7 +183,6 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
     # datasets' arrow copy of the input lives in the out dir for this run only (not in the user's cache)
     cache = os.path.join(out_dir, ".datasets-cache")
     shutil.rmtree(cache, ignore_errors=True)
-    os.makedirs(out_dir, exist_ok=True)
     try:
         source = load_rows(inputs, split=split, num_rows=num_rows, shuffle=shuffle, seed=seed, cache_dir=cache)
         return _run(source, target_model, inputs, out_dir, fmt, split, shuffle, max_seq_len=max_seq_len,
