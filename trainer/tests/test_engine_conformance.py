@@ -7,6 +7,13 @@ python/ for SGLang):
   SGLang  sgl-project/sglang tag v0.5.23 (wheel sglang-0.5.23; its _version.py records no commit id)
   vLLM    vllm-project/vllm v0.33.0, commit 4ba787ec9 (wheel vllm-0.33.0, vllm/_version.py)
 A row fails with the field's name and where the engine reads it.
+
+The RoPE rows are semantic: for the tiny qwen3_5 target (the seed's family, a quarter-rotary head) and for each
+rope type a drafter trains with (default, linear, dynamic, yarn, llama3), the rotation each engine computes from
+the export (tests/engine_rope.py, the engine's get_rope read at the versions above) equals the one training
+applied (drafter.rope_cos_sin of the checkpoint's config). The issue's SGLang commits 003b23d7 and 7f151c5e
+rotate the whole head unconditionally (get_rope(head_dim, rotary_dim=head_dim, ...)); v0.5.23 reads a top-level
+partial_rotary_factor attribute, which transformers 5 folds into rope_parameters, so it rotates the whole head too.
 """
 
 import json
@@ -15,9 +22,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dflash_trainer.loop.checkpoint import save_checkpoint
-from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+from dflash_trainer.loop.checkpoint import load_checkpoint, save_checkpoint
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig, rope_cos_sin
 from dflash_trainer.export.exporter import export_checkpoint
+from dflash_trainer.prep.make_tiny import qwen3_config, write_target
+
+from engine_rope import SG_DFLASH, SG_ROPE, VL_DFLASH, VL_ROPE, engine_rotation
 
 SGLANG = "sgl-project/sglang@v0.5.23"
 VLLM = "vllm-project/vllm@v0.33.0 (4ba787ec9)"
@@ -233,3 +243,103 @@ def test_wrong_tap_convention_and_shape_are_caught(tiny_export):
     assert any("target_layer_ids + 1" in e for e in conformance_errors("vllm", broken, shapes, target_dir))
     narrow = dict(shapes, **{"fc.weight": (64, 2 * 64)})
     assert any("fc.weight" in e for e in conformance_errors("sglang", config, narrow, target_dir))
+
+
+# The semantic RoPE rows: engine -> where its DFlash attention's rotation is built.
+ROPE_ROWS = {
+    "sglang": f"{SGLANG} {SG_DFLASH}:252-275 (get_rope(head_dim, rotary_dim=head_dim, ...)), "
+              f"{SG_ROPE}factory.py:125-340",
+    "vllm": f"{VLLM} {VL_DFLASH}:222,348 (get_rope(head_dim, rope_parameters=...)), {VL_ROPE}__init__.py:32-290",
+}
+# The rope types a drafter trains with, on the tiny Qwen3 target's shape (yarn: max positions = factor x original).
+TRAINED_ROPES = {
+    "default": {"rope_type": "default", "rope_theta": 1_000_000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512},
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+}
+
+
+def rope_errors(engine: str, export_dir: str, trained: DrafterConfig) -> list[str]:
+    """One line when the rotation `engine` applies to the export differs from the one training applied."""
+    positions = torch.arange(min(trained.max_position_embeddings, 1024))
+    got = engine_rotation(engine, export_dir, positions)
+    cos, sin = (t[0, 0] for t in rope_cos_sin(positions[None], trained.head_dim, trained.rope_theta, trained))
+    cite = f"({ROPE_ROWS[engine]})"
+    if got.rotary_dim != cos.shape[-1]:
+        return [f"{engine}: rope_parameters.partial_rotary_factor: the engine rotates {got.rotary_dim} of "
+                f"{trained.head_dim} channels per head, training rotated {cos.shape[-1]} {cite}"]
+    worst = float(torch.maximum((got.cos - cos).abs().max(), (got.sin - sin).abs().max()))
+    if worst > 1e-3:
+        kind = (trained.rope_parameters or {}).get("rope_type", "default")
+        return [f"{engine}: rope_parameters.rope_type: the engine's {kind} rotation differs from training's by "
+                f"up to {worst:.3g} {cite}"]
+    return []
+
+
+def _export(root, target_dir: str, cfg: DrafterConfig) -> tuple[str, DrafterConfig]:
+    """Checkpoint `cfg` (as training does), export it; returns (export dir, the checkpoint's config)."""
+    torch.manual_seed(0)
+    save_checkpoint(str(root / "out"), 1, DFlashDrafter(cfg).trainable_state_dict(), cfg.to_dict(), {"step": 1},
+                    keep=1)
+    export_checkpoint(str(root / "out"), target_dir, str(root / "export"))
+    _, trained, _ = load_checkpoint(str(root / "out" / "checkpoints" / "step-1"))
+    return str(root / "export"), DrafterConfig.from_dict(trained)
+
+
+def _target(name: str, root) -> str:
+    """The tiny qwen3_5 target (dflash-make-tiny --family qwen3_5), or the tiny Qwen3 one with a trained rope."""
+    if name == "qwen3_5":
+        write_target(str(root / "target"), seed=0, family="qwen3_5")
+    else:
+        config = qwen3_config()
+        config.rope_parameters = dict(TRAINED_ROPES[name])
+        config.max_position_embeddings = 2048
+        config.save_pretrained(str(root / "target"))
+    return str(root / "target")
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", *TRAINED_ROPES])
+def rope_export(request, tmp_path_factory):
+    from transformers import AutoConfig
+    root = tmp_path_factory.mktemp(f"rope-{request.param}")
+    target_dir = _target(request.param, root)
+    cfg = DrafterConfig.from_target(AutoConfig.from_pretrained(target_dir), 1, [1, 3, 5], block_size=4,
+                                    mask_token_id=511)
+    return (request.param, *_export(root, target_dir, cfg))
+
+
+@pytest.mark.parametrize("engine", sorted(ROPE_ROWS))
+def test_engine_rotation_is_the_trained_one(engine, rope_export):
+    name, export_dir, trained = rope_export
+    assert not rope_errors(engine, export_dir, trained), "\n".join(rope_errors(engine, export_dir, trained))
+    if name == "qwen3_5":  # the seed's family: its quarter-rotary is the target's attention, not the drafter's
+        assert trained.rope_parameters is None and json.load(open(f"{export_dir}/config.json"))[
+            "rope_parameters"] == {"rope_type": "default", "rope_theta": 10_000_000.0}
+
+
+@pytest.mark.parametrize("rope,declared,engine,field", [
+    # what from_target wrote before: the target's quarter rotary (SGLang rotates the whole head)
+    ({"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25}, None, "sglang",
+     "partial_rotary_factor"),
+    # the target's dynamic NTK kept: SGLang's fixed NTK base is neither training's nor vLLM's
+    ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, None, "sglang", "rope_type"),
+    # a whole-head drafter whose export claimed a quarter: vLLM would rotate a quarter
+    (None, {"partial_rotary_factor": 0.25}, "vllm", "partial_rotary_factor"),
+    # ... or another scaling than the one trained
+    (None, {"rope_type": "linear", "factor": 4.0}, "vllm", "rope_type"),
+])
+def test_rotation_trained_otherwise_fails_naming_engine_and_field(rope, declared, engine, field, tiny, tmp_path):
+    from transformers import AutoConfig
+    cfg = DrafterConfig.from_target(AutoConfig.from_pretrained(tiny["target"]), 1, [1, 3, 5], block_size=4,
+                                    mask_token_id=511)
+    cfg = DrafterConfig.from_dict(cfg.to_dict() | {"rope_parameters": rope})
+    export_dir, trained = _export(tmp_path, tiny["target"], cfg)
+    if declared:
+        config = json.load(open(f"{export_dir}/config.json"))
+        config["rope_parameters"].update(declared)
+        json.dump(config, open(f"{export_dir}/config.json", "w"))
+    errors = rope_errors(engine, export_dir, trained)
+    assert len(errors) == 1 and errors[0].startswith(f"{engine}: rope_parameters.{field}:") and ".py:" in errors[0]

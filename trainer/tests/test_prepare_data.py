@@ -14,6 +14,14 @@ from dflash_trainer.prep.prepare_data import main, prepare
 from dflash_trainer.prep.tiny_tokenizer import save_tokenizer, synthetic_chats
 
 
+@pytest.fixture(autouse=True)
+def no_hub(monkeypatch):
+    """Local files only: nothing here may reach the hub."""
+    import datasets
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
 @pytest.fixture(scope="module")
 def chat_target(tiny, tmp_path_factory):
     """The tiny Qwen3 target plus the tiny tokenizer, in a directory of its own."""
@@ -89,7 +97,7 @@ def test_regenerate_uses_the_targets_own_tokens_and_resumes(chat_target, tmp_pat
     out = str(tmp_path / "regen")
     kw = dict(regenerate=True, temperature=0.7, max_new_tokens=12, batch_size=4, rows_per_shard=3,
               engine="transformers", device="cpu", max_seq_len=128, progress=False)
-    first = prepare(chat_target, [src], out, max_rows=6, **kw)           # stop after 2 of 3 chunks
+    first = prepare(chat_target, [src], out, num_rows=6, **kw)           # stop after 2 of 3 chunks
     assert first["next_row"] == 6 and first["num_shards"] == 2
     shard0 = open(os.path.join(out, "shard-00000.parquet"), "rb").read()
     stats = prepare(chat_target, [src], out, **kw)                       # resumes at row 6

@@ -1,5 +1,7 @@
-"""RoPE as the target's config says: every rope type and partial_rotary_factor, checked against the
-target model's own rotary embedding and rotation (transformers), and carried through training and export."""
+"""The drafter's RoPE (drafter.drafter_rope): the target's linear/yarn/llama3 scaling, checked against the
+target model's own rotary embedding (transformers), on the whole head; the target's partial_rotary_factor and
+dynamic NTK are not the drafter's (whole head, default RoPE). Carried through training and export; checkpoints
+trained before with a partial rotary still export and load as they were trained."""
 
 import json
 
@@ -7,7 +9,7 @@ import pytest
 import torch
 
 from dflash_trainer.model.blocks import block_inputs, dense_block_mask
-from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig, apply_rope, rope_cos_sin
+from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig, apply_rope, drafter_rope, rope_cos_sin
 
 ROPES = {
     "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -50,11 +52,17 @@ def _drafter_cfg(target_config):
     return DrafterConfig.from_target(target_config, 1, [1, 3, 5], block_size=4, mask_token_id=511)
 
 
-@pytest.mark.parametrize("name", [*ROPES, "default-quarter"])
+# The types the drafter keeps from a full-rotary target; `dynamic` and partial rotary: see test_target_only_rope.
+KEPT = ("llama3", "yarn", "linear")
+# A drafter config as from_target wrote it before drafter_rope: the target's quarter rotary kept.
+LEGACY_QUARTER = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+
+
+@pytest.mark.parametrize("name", KEPT)
 def test_rope_matches_target(name):
     config, rotary_cls, hf_apply = _targets()[name]
     cfg = _drafter_cfg(config)
-    assert cfg.rope_parameters is not None and cfg.rope_parameters["rope_type"] == config.rope_parameters["rope_type"]
+    assert cfg.rope_parameters == config.rope_parameters
     # past the original length, so length-dependent types (dynamic) and scaled ones differ from plain RoPE
     positions = torch.arange(0, 200)[None]  # MAX_POS is 128
     x = torch.zeros(1, 1, 200, 16)
@@ -69,8 +77,32 @@ def test_rope_matches_target(name):
     hf_q, hf_k = hf_apply(q, k, hf_cos, hf_sin)
     torch.testing.assert_close(apply_rope(q, cos, sin), hf_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(apply_rope(k, cos, sin), hf_k, rtol=1e-5, atol=1e-5)
-    if name.endswith("quarter"):
-        assert cos.shape[-1] == 4 and torch.equal(apply_rope(q, cos, sin)[..., 4:], q[..., 4:])
+
+
+@pytest.mark.parametrize("name", ["dynamic", "yarn-quarter", "default-quarter"])
+def test_target_only_rope(name):
+    """The drafter rotates its whole head whatever the target's partial_rotary_factor (SGLang's DFlash model
+    rotates the whole head), and a dynamic target's drafter uses default RoPE (the engines' dynamic NTK agree
+    neither with each other nor with training); a yarn-quarter target keeps its yarn on the whole head."""
+    config = _targets()[name][0]
+    cfg = _drafter_cfg(config)
+    want = drafter_rope(dict(config.rope_parameters))
+    assert cfg.rope_parameters == want and "partial_rotary_factor" not in (want or {})
+    assert (want or {}).get("rope_type") == ("yarn" if name == "yarn-quarter" else None)
+    positions = torch.arange(0, 200)[None]
+    cos, _ = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg)
+    assert cos.shape[-1] == cfg.head_dim
+    if want is None:  # the historical plain path, numbers equal to it
+        assert torch.equal(cos, rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)[0])
+
+
+def test_legacy_partial_rotary_still_applies():
+    """A checkpoint trained before drafter_rope (quarter rotary) still runs as it was trained."""
+    cfg = DrafterConfig.from_dict(_drafter_cfg(_qwen3(ROPES["linear"])).to_dict() | {"rope_parameters": LEGACY_QUARTER})
+    positions = torch.arange(0, 20)[None]
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg)
+    q = torch.randn(1, 4, 20, 16)
+    assert cos.shape[-1] == 4 and torch.equal(apply_rope(q, cos, sin)[..., 4:], q[..., 4:])
 
 
 def test_default_rope_keeps_no_rope_parameters(tiny):
@@ -81,7 +113,7 @@ def test_default_rope_keeps_no_rope_parameters(tiny):
     assert DrafterConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "rope_parameters"}) == cfg
 
 
-@pytest.mark.parametrize("name", ["llama3", "default-quarter"])
+@pytest.mark.parametrize("name", ["llama3", "yarn-quarter"])
 def test_training_forward_uses_target_rope_and_export_declares_it(name, tmp_path):
     """The drafter's forward (the one training runs) applies the target's rope; the export says so."""
     from dflash_trainer.export.exporter import export_config
@@ -103,11 +135,10 @@ def test_training_forward_uses_target_rope_and_export_declares_it(name, tmp_path
     for key, value in cfg.rope_parameters.items():
         assert declared[key] == value, key
     assert declared["rope_type"] == config.rope_parameters["rope_type"]
-    expected_factor = config.rope_parameters.get("partial_rotary_factor", 1.0)
-    assert exported.get("partial_rotary_factor", 1.0) == expected_factor
+    assert "partial_rotary_factor" not in exported and "partial_rotary_factor" not in declared
 
 
-@pytest.mark.parametrize("name", ["llama3", "default-quarter"])
+@pytest.mark.parametrize("name", ["llama3", "legacy-quarter"])
 def test_export_of_a_scaled_rope_round_trips(name, tmp_path, monkeypatch):
     """The export's config gives back the trained DrafterConfig, and transformers alone gives its logits."""
     from transformers import AutoModel
@@ -116,10 +147,12 @@ def test_export_of_a_scaled_rope_round_trips(name, tmp_path, monkeypatch):
     from dflash_trainer.export.exporter import export_checkpoint
     from dflash_trainer.model.modeling_dflash import drafter_config_from_export
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    config = _targets()[name][0]
+    config = _targets()["llama3" if name == "llama3" else "default-quarter"][0]
     target_dir = tmp_path / "target"
     config.save_pretrained(target_dir)
     cfg = _drafter_cfg(config)
+    if name == "legacy-quarter":
+        cfg = DrafterConfig.from_dict(cfg.to_dict() | {"rope_parameters": LEGACY_QUARTER})
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).eval()
     save_checkpoint(str(tmp_path / "out"), 1, drafter.trainable_state_dict(), cfg.to_dict(), {"step": 1}, keep=1)

@@ -165,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dflash-export: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(f"exported {used} -> {args.out}")
+    with open(os.path.join(args.out, "config.json")) as f:
+        factor = json.load(f)["rope_parameters"].get("partial_rotary_factor")
+    if factor is not None and factor < 1.0:
+        print(f"dflash-export: note: this checkpoint was trained rotating {factor} of each head (before the drafter "
+              "rotated its whole head); vLLM serves it so, SGLang's DFlash model rotates the whole head: retrain "
+              "it with this version for SGLang", file=sys.stderr)
     return 0
 
 

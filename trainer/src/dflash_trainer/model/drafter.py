@@ -45,9 +45,10 @@ class DrafterConfig:
     split_fc_layers: bool = False
     """Apply fc per tap and sum (DFLASH_SPLIT_FC_LAYERS=1). Identical math; saves the K*H concat."""
     rope_parameters: dict | None = None
-    """The target's transformers-5 `rope_parameters` when they are anything but plain full-head default RoPE
-    (scaling such as llama3/yarn/linear/dynamic, partial_rotary_factor); None means plain RoPE at rope_theta.
-    Training applies exactly these, so the export declares what the weights learned."""
+    """The drafter's transformers-5 `rope_parameters` when they are anything but plain full-head default RoPE
+    (the target's linear/yarn/llama3 scaling; see drafter_rope); None means plain RoPE at rope_theta. Training
+    applies exactly these, so the export declares what the weights learned. Checkpoints written before
+    drafter_rope may hold a partial_rotary_factor; they still load and run as they were trained."""
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -76,8 +77,6 @@ class DrafterConfig:
         c = getattr(target_config, "text_config", target_config)
         rope = dict(getattr(c, "rope_parameters", None) or {})
         rope_theta = rope.get("rope_theta", getattr(c, "rope_theta", 1_000_000.0))
-        if getattr(c, "partial_rotary_factor", None) is not None:
-            rope.setdefault("partial_rotary_factor", c.partial_rotary_factor)
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return cls(hidden_size=c.hidden_size, num_hidden_layers=num_layers,
                    num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
@@ -85,7 +84,7 @@ class DrafterConfig:
                    target_layer_ids=list(target_layer_ids), num_target_layers=c.num_hidden_layers,
                    block_size=block_size, mask_token_id=mask_token_id, rms_norm_eps=c.rms_norm_eps,
                    rope_theta=float(rope_theta), max_position_embeddings=c.max_position_embeddings,
-                   split_fc_layers=split_fc_layers, rope_parameters=special_rope(rope))
+                   split_fc_layers=split_fc_layers, rope_parameters=drafter_rope(rope))
 
 
 class RMSNorm(nn.Module):
@@ -101,13 +100,26 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def special_rope(rope: dict) -> dict | None:
-    """The rope_parameters worth keeping: None for plain full-head default RoPE (the drafter's historical
-    path, so such configs and checkpoints stay equal to earlier ones), else the dict with JSON-safe values."""
+# The target's rope fields that describe the target's attention, never the drafter's (see drafter_rope).
+_TARGET_ONLY_ROPE_KEYS = ("type", "partial_rotary_factor", "rope_dim", "mrope_section", "mrope_interleaved")
+
+
+def drafter_rope(rope: dict) -> dict | None:
+    """The drafter's own rope_parameters, from the target's (docs/dflash.md "RoPE"). The drafter's attention is
+    its own (its queries and keys come from its own projections of the block and the context features), so its
+    rotary only has to be one that every engine computes from the export as training computed it:
+    - the whole head rotates: SGLang's DFlash model rotates head_dim channels whatever partial_rotary_factor
+      says (python/sglang/srt/models/dflash.py, DFlashAttention), vLLM rotates what rope_parameters say, so
+      only a full-head rotation is one both apply; M-RoPE sections go too (the drafter sees 1-D positions);
+    - `dynamic` becomes `default`: SGLang and vLLM each compute a different fixed NTK base for it, transformers
+      one that grows with the sequence; below max_position_embeddings transformers' dynamic is default RoPE.
+    linear, yarn and llama3 are kept: every engine computes them as transformers does (tests/test_engine_
+    conformance.py checks each). None: plain full-head default RoPE (the historical path, so such configs and
+    checkpoints stay equal to earlier ones); else the dict with JSON-safe values."""
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type == "default" and float(rope.get("partial_rotary_factor", 1.0)) == 1.0:
+    if rope_type in ("default", "dynamic"):
         return None
-    return {k: v for k, v in rope.items() if k != "type"} | {"rope_type": rope_type}
+    return {k: v for k, v in rope.items() if k not in _TARGET_ONLY_ROPE_KEYS} | {"rope_type": rope_type}
 
 
 def rope_inv_freq(cfg: DrafterConfig, seq_len: int, device) -> tuple[torch.Tensor, float]:
