@@ -22,7 +22,7 @@ NOTHING_STOPPED = "the trainer's check refused this configuration, so nothing wa
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, "-m", "dflash_trainer.make_tiny", "--target-dir", str(root / "target"),
+    subprocess.run([sys.executable, "-m", "dflash_trainer.prep.make_tiny", "--target-dir", str(root / "target"),
                     "--data-dir", str(root / "data"), "--num-sequences", "96"], check=True, capture_output=True)
     return root
 
