@@ -49,7 +49,7 @@ from dflash_trainer.telemetry.writers import read_jsonl  # (stdlib only)
 from .matmul_peak import measure_peak  # (imports torch only when called)
 from .preset_args import parse_with_preset
 
-# dflash-train's flags this benchmark hands on (declared, defaulted and checked in config.py only).
+# dflash-train's flags this benchmark hands on (declared, defaulted and checked in config/train_config.py only).
 TRAIN_FLAGS = ("block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "token_budget",
                "max_seq_len", "max_batch_size", "grad_accum", "hs_queue_depth", "hs_queue_min_ready",
                "hs_sync_transfers", "use_soft_labels", "head_chunk_size", "seed", "lr")

@@ -37,7 +37,7 @@ from .preset_args import parse_with_preset
 from .profile_parts import profile_steps
 from .timing import device_sync, timed_calls
 
-# dflash-train's flags this benchmark takes (declared, defaulted and checked in config.py only).
+# dflash-train's flags this benchmark takes (declared, defaulted and checked in config/train_config.py only).
 TRAIN_FLAGS = ("device", "num_target_taps", "use_soft_labels")
 # Named shapes and runs; a dflash-train command line for TRAIN_FLAGS, given before the user's (which win).
 PRESETS = {

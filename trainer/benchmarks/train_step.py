@@ -47,7 +47,7 @@ from .preset_args import parse_with_preset
 from .profile_parts import PROFILE_STEPS, profile_steps
 from .timing import device_sync, timed_calls
 
-# The trainer flags this benchmark takes: dflash-train's own (declaration, defaults and checks in config.py).
+# The trainer flags this benchmark takes: dflash-train's own (declaration, defaults and checks in config/train_config.py).
 TRAIN_FLAGS = ("device", "block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "lr", "weight_decay",
                "grad_clip", "noise_end", "head_chunk_size", "use_soft_labels")
 # Named shapes: the model's (no target is loaded, so its shape is given here) and a dflash-train command line

@@ -13,7 +13,7 @@ One host with GPUs (the target on the first --target-gpus entry, the drafter on 
         --target-gpus 0 --drafter-gpus 1
 By wall clock (lr and noise follow the training time; a kept checkpoint at 2 and 5 minutes and at the end):
     dflash-train ... --time-budget-min 10 --snapshot-minutes 2,5 --compile-warmup-batches 2 --epochs 100
-Check a configuration without running it (every problem one line, exit 2; `ok` and 0; preflight.py):
+Check a configuration without running it (every problem one line, exit 2; `ok` and 0; config/preflight.py):
     dflash-train --check ...                 (WORLD_SIZE=N: as a torchrun job of N ranks)
 Exit status: 0 finished (also after SIGTERM, which checkpoints first); 2 refused at start; 1 failed.
 
@@ -169,8 +169,8 @@ def _refuse(message: str, run_dir: str | None, heartbeat: Heartbeat | None) -> i
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if CHECK_FLAG in argv:  # check the configuration, run nothing (preflight.py)
-        from dflash_trainer import preflight
+    if CHECK_FLAG in argv:  # check the configuration, run nothing (config/preflight.py)
+        from dflash_trainer.config import preflight
         return preflight.main([a for a in argv if a != CHECK_FLAG])
     try:
         cfg = config_from_args(argv)
