@@ -1,6 +1,8 @@
-"""Fixtures: an ansible-runner caller, and a runs root whose processes are killed after each test."""
+"""Fixtures: an ansible-runner caller, a runs root whose processes are killed after each test, a tiny target."""
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 from ansible_helpers import Ansible
@@ -22,3 +24,12 @@ def runs_root(tmp_path):
             os.killpg(int(pid_file.read_text()), signal.SIGKILL)
         except (ProcessLookupError, ValueError, PermissionError):
             pass
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random Qwen3 target (target/) and its 96-sequence dataset (data/), built once per test module."""
+    root = tmp_path_factory.mktemp("tiny")
+    subprocess.run([sys.executable, "-m", "dflash_trainer.prep.make_tiny", "--target-dir", str(root / "target"),
+                    "--data-dir", str(root / "data"), "--num-sequences", "96"], check=True, capture_output=True)
+    return root

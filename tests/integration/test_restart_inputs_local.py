@@ -19,14 +19,6 @@ ENV = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
 NOTHING_STOPPED = "the trainer's check refused this configuration, so nothing was stopped"
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, "-m", "dflash_trainer.prep.make_tiny", "--target-dir", str(root / "target"),
-                    "--data-dir", str(root / "data"), "--num-sequences", "96"], check=True, capture_output=True)
-    return root
-
-
 def inventory(tmp_path, command, trainer_args, tag):
     path = tmp_path / "inventory.json"
     path.write_text(json.dumps({"dflash_training": {"hosts": {"localhost": {

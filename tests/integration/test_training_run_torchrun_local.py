@@ -7,7 +7,6 @@ tests/unit: it needs the trainer and torch (the checkout's .venv), which ansible
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -19,14 +18,6 @@ from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 NPROC = 3
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, "-m", "dflash_trainer.prep.make_tiny", "--target-dir", str(root / "target"),
-                    "--data-dir", str(root / "data"), "--num-sequences", "96"], check=True, capture_output=True)
-    return root
 
 
 def job_processes(run_dir):
@@ -173,7 +164,3 @@ def test_a_configuration_the_trainer_refuses_leaves_the_live_job_as_it_was(runs_
     assert job_processes(run_dir) == {agent} | ranks
     assert open(os.path.join(run_dir, "launch.json")).read() == launch_before
     assert sorted(n for n in os.listdir(run_dir) if n.endswith(".log")) == logs_before
-
-
-def _step(run_dir):
-    return json.load(open(os.path.join(run_dir, "heartbeat.json"))).get("step") or 0

@@ -232,19 +232,12 @@ def _gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> int:
                            "--target-gpus-per-rank: 1 a replica per GPU, N the layers split over N GPUs)") from None
 
 
-def _mem_total() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no MemTotal in /proc/meminfo")
-
-
 def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[str]]:
     """(layout, problems) of a torchrun job of world_size ranks: the ranks' own rule and queue check."""
     import torch
 
     from dflash_trainer.distributed import dist_train
+    from dflash_trainer.distributed import hs_queue
     from dflash_trainer.distributed import world as dist_world
     from dflash_trainer.config import StartupError
     cuda = torch.cuda.is_available()
@@ -260,7 +253,7 @@ def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[st
     try:
         # MemTotal, not MemAvailable: the live run's queues still hold host memory until it is stopped; the check
         # refuses what cannot fit even then, and the ranks check MemAvailable again at start.
-        dist_train.check_queue_memory(cfg, world, available=_mem_total())
+        dist_train.check_queue_memory(cfg, world, available=hs_queue.meminfo("MemTotal"))
     except (StartupError, OSError, KeyError, ValueError) as e:
         return layout, [str(e)]
     finally:

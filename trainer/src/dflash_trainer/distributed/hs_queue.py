@@ -23,13 +23,17 @@ def batch_tap_bytes(token_budget: int, num_taps: int, hidden: int, soft_labels: 
     return token_budget * (num_taps + int(soft_labels)) * hidden * (2 if on_cuda else 4)
 
 
-def mem_available() -> int:
-    """MemAvailable of /proc/meminfo, in bytes."""
+def meminfo(field: str) -> int:
+    """A field of /proc/meminfo (MemAvailable, MemTotal), in bytes."""
     with open("/proc/meminfo") as f:
         for line in f:
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise OSError("no MemAvailable in /proc/meminfo")
+    raise OSError(f"no {field} in /proc/meminfo")
+
+
+def mem_available() -> int:
+    return meminfo("MemAvailable")
 
 
 def check_host_memory(depth: int, batch_bytes: int, drafters_here: int, available: int, detail: str) -> None:
