@@ -216,20 +216,13 @@ def _gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> int:
     before the live run is stopped, while that run still holds these GPUs, so it plans with their total memory - what
     the ranks will have once the run is stopped and its memory released (the lifecycle waits for that). The ranks
     measure the free memory again at start."""
-    import torch
-
     from dflash_trainer.distributed import world as dist_world
-    from dflash_trainer.config import StartupError
-    if cfg.target_gpus_per_rank or not dist_world.uses_gpus(cfg, cuda) or not cfg.target_gpus:
-        return dist_world.gpus_per_target_rank(cfg, cuda)[0]
-    from dflash_trainer.model.target_split import measured_gpus_per_rank
-    total = min(torch.cuda.get_device_properties(i).total_memory for i in cfg.target_gpus)
-    try:
-        return measured_gpus_per_rank(cfg.target_model, cfg.target_gpus, cfg.token_budget,
-                                      free=(total, "total (checked before the live run is stopped)"))[0]
-    except (OSError, KeyError, ValueError) as e:
-        raise StartupError(f"GPUs per target rank by measured size (--target-gpus-per-rank 0): {e} (or pass "
-                           "--target-gpus-per-rank: 1 a replica per GPU, N the layers split over N GPUs)") from None
+    free = None
+    if not cfg.target_gpus_per_rank and dist_world.uses_gpus(cfg, cuda) and cfg.target_gpus:
+        import torch
+        total = min(torch.cuda.get_device_properties(i).total_memory for i in cfg.target_gpus)
+        free = (total, "total (checked before the live run is stopped)")
+    return dist_world.gpus_per_target_rank(cfg, cuda, free)[0]
 
 
 def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[str]]:

@@ -110,15 +110,16 @@ def uses_gpus(cfg: TrainConfig, cuda: bool) -> bool:
     return cuda and cfg.device != "cpu" and bool(cfg.target_gpus + cfg.drafter_gpus)
 
 
-def gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> tuple[int, str]:
-    """(GPUs each target rank spreads its layers over, why): --target-gpus-per-rank, or measured (target_split)."""
+def gpus_per_target_rank(cfg: TrainConfig, cuda: bool, free: tuple[int, str] | None = None) -> tuple[int, str]:
+    """(GPUs each target rank spreads its layers over, why): --target-gpus-per-rank, or measured (target_split;
+    `free`: the memory to plan with and its words, else the target GPUs' free memory now)."""
     if cfg.target_gpus_per_rank:
         return cfg.target_gpus_per_rank, f"--target-gpus-per-rank {cfg.target_gpus_per_rank}"
     if not uses_gpus(cfg, cuda) or not cfg.target_gpus:
         return 1, "on the CPU"
     from dflash_trainer.model.target_split import measured_gpus_per_rank
     try:
-        return measured_gpus_per_rank(cfg.target_model, cfg.target_gpus, cfg.token_budget)
+        return measured_gpus_per_rank(cfg.target_model, cfg.target_gpus, cfg.token_budget, free)
     except (OSError, KeyError, ValueError) as e:
         raise StartupError(f"GPUs per target rank by measured size (--target-gpus-per-rank 0): {e} (or pass "
                            "--target-gpus-per-rank: 1 a replica per GPU, N the layers split over N GPUs)") from None
