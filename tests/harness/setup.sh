@@ -19,7 +19,9 @@ command -v debootstrap >/dev/null || missing+=(debootstrap)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup.sh: apt-get install ${missing[*]}" >&2
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    # (debconf's "delaying package configuration, since apt-utils is not installed" is no news on a bare machine)
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" 2>&1 >/dev/null |
+        { grep -v '^debconf: delaying package configuration' || true; } >&2
 fi
 cd "$root/tests"
 "$py" -m harness.golden build
