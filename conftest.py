@@ -3,10 +3,26 @@
 scripts/test runs `pytest -n 2 --dist loadgroup`. Each test file stays on one worker, so its module and session
 fixtures (a trained run, a tiny target) are made once; every real-container test (tests/containers) goes to one
 worker: those tests share the harness's vmids 200/201 and a machine-wide lock. And which tests make the quick set."""
+from pathlib import Path
+
 import pytest
 
 CONTAINERS = "containers"
 QUICK_SUITES = ("tests/unit/", "trainer/tests/")  # `scripts/test --quick` = these, less the tests marked slow
+# Files of those suites that train, run torchrun jobs, or build and install packages: each takes from seconds to
+# minutes, so all of them are slow (left out of the quick set). New such files mark themselves (pytestmark).
+SLOW_FILES = frozenset("trainer/tests/%s.py" % name for name in (
+    "test_benchmark_packages", "test_checkpoint_and_nan", "test_cli", "test_dist_full_disk",
+    "test_dist_rank_failure", "test_dist_split_fsdp", "test_dist_train", "test_dist_wall_clock", "test_evaluate",
+    "test_export", "test_float8", "test_full_disk", "test_hybrid_target", "test_learning", "test_loop_resources",
+    "test_preflight", "test_prepare_data", "test_proof_devices", "test_proof_prompts", "test_proof_tiny",
+    "test_proof_warm_start", "test_run_contract", "test_seed_layout", "test_serve_bench", "test_speed_benchmarks",
+    "test_time_budget")) | {
+    "tests/unit/plugins/module_utils/_dflash/container/test_trainer_install.py",
+    "tests/unit/plugins/module_utils/_dflash/controller/test_trainer_wheel_build.py"}
+
+_missing = sorted(name for name in SLOW_FILES if not (Path(__file__).parent / name).is_file())
+assert not _missing, "conftest.py SLOW_FILES names files that do not exist (renamed?): %s" % _missing
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m quick` deselects by these marks
@@ -15,5 +31,7 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::", 1)[0]
         in_containers = item.get_closest_marker(CONTAINERS) or path.startswith("tests/containers/")
         item.add_marker(pytest.mark.xdist_group(CONTAINERS if in_containers else path))
+        if path in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
         if path.startswith(QUICK_SUITES) and not in_containers and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.quick)

@@ -203,6 +203,7 @@ def test_regenerate_answers_every_format_with_the_target(fmt, chat_target, tmp_p
             assert (SYSTEM in prompt) == (fmt in ("sharegpt", "messages"))
 
 
+@pytest.mark.slow
 def test_every_format_prepares_trains_and_exports(chat_target, tmp_path):
     """Acceptance: the shards of each format together train a few steps on the tiny target, then export."""
     data = tmp_path / "data"

@@ -118,6 +118,7 @@ def wandb_env(tmp_path):
             "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "DFLASH_PROFILE_INTERVAL": "0"}
 
 
+@pytest.mark.slow
 def test_one_process_run_logs_profile_and_an_offline_wandb_run(tiny, tmp_path):
     pytest.importorskip("wandb")
     out, log = tmp_path / "out", tmp_path / "train.log"
@@ -160,6 +161,7 @@ class _RefusingWandbServer(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_a_refused_online_wandb_run_falls_back_to_offline_and_the_run_trains_on(tiny, tmp_path):
     """Online W&B against a real HTTP server that refuses the key: one log line, an offline run under <run-dir>/wandb
     with every step, exit 0 (it used to stop the run after its weights had loaded)."""
@@ -184,6 +186,7 @@ def test_a_refused_online_wandb_run_falls_back_to_offline_and_the_run_trains_on(
     assert_key_nowhere(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_torchrun_job_logs_every_ranks_profile_and_one_offline_wandb_run(tiny, tmp_path):
     pytest.importorskip("wandb")
     out, log = tmp_path / "out", tmp_path / "train.log"
@@ -214,6 +217,7 @@ def test_torchrun_job_logs_every_ranks_profile_and_one_offline_wandb_run(tiny, t
     assert_key_nowhere(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_wandb_configured_but_not_installed_is_refused_before_weights_load(tiny, tmp_path):
     shadow = tmp_path / "no-wandb"
     shadow.mkdir()
