@@ -270,12 +270,12 @@ def test_a_crashing_trainer_fails_with_its_status_and_log_tail(runs_root, capsys
     req = make_req(runs_root, trainer_args={"crash": 3})
     with pytest.raises(run_lifecycle.LifecycleError) as exc:
         run_lifecycle.change(req)
-    assert "exited with status 3" in str(exc.value)
+    assert "failed right after launch (exit 3)" in str(exc.value)
     facts = exc.value.facts
     assert facts["rc"] == 3 and any("crashing at start with status 3" in line for line in facts["log_tail"])
     assert "launch" in facts["timings"]
     out = run_main(make_req(runs_root, trainer_args={"crash": 4}), capsys)
-    assert out["failed"] is True and out["rc"] == 4 and "exited with status 4" in out["msg"]
+    assert out["failed"] is True and out["rc"] == 4 and "failed right after launch (exit 4)" in out["msg"]
     assert any("status 4" in line for line in out["log_tail"])
     assert len(list((runs_root / "r1").glob("train.*.log"))) == 1  # the first crash's log was kept
 
@@ -790,5 +790,22 @@ def test_a_command_that_does_not_answer_the_check_is_refused_with_its_last_lines
 def test_a_launch_that_dies_after_the_stop_names_the_trainers_error_line(runs_root):
     with pytest.raises(run_lifecycle.LifecycleError) as exc:
         run_lifecycle.change(make_req(runs_root, trainer_args={"crash": 3}))
-    assert str(exc.value).startswith("the trainer exited with status 3 right after launch: fake_trainer: crashing "
+    assert str(exc.value).startswith("the trainer failed right after launch (exit 3): fake_trainer: crashing "
                                       "at start with status 3 (as asked); see log_tail (")
+
+
+def test_the_same_bad_launch_has_one_wording_whatever_is_seen_first(runs_root):
+    """A trainer that fails at start writes its `failed` heartbeat and exits 2: whether the lifecycle sees the exit
+    first (it follows at once) or the heartbeat first (the exit comes 1 s later), the line is the same, plain text."""
+    lines = []
+    for after in (0.0, 1.0):
+        req = make_req(runs_root, trainer_args={"fail": "the data dir /d is empty 🏖️\x07; give one",
+                                                "fail_exit_after": after})
+        with pytest.raises(run_lifecycle.LifecycleError) as exc:
+            run_lifecycle.change(req)
+        assert exc.value.facts["rc"] == 2
+        lines.append(str(exc.value))
+    assert lines[0] == lines[1], lines
+    assert lines[0].startswith("the trainer failed right after launch (exit 2): the data dir /d is empty ; give "
+                               "one; see log_tail ("), lines[0]
+    assert lines[0].isascii()
