@@ -12,7 +12,7 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.operator_inputs import (
-    NAMES, RUN_VARS, InputError, check, refuse_templated_run)
+    NAMES, InputError, check, refuse_templated_run)
 
 
 class ActionModule(ActionBase):
@@ -26,7 +26,7 @@ class ActionModule(ActionBase):
         variables = {}
         try:
             # the name as typed, before templating would run what it holds
-            refuse_templated_run(dict((name, task_vars[name]) for name in RUN_VARS if name in task_vars))
+            refuse_templated_run(task_vars.get("run"))
             for name in NAMES:
                 if name in task_vars:
                     try:

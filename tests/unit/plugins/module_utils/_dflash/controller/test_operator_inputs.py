@@ -90,9 +90,10 @@ def test_the_role_used_directly_names_its_own_variables():
 def test_a_templated_run_name_is_refused_as_a_template_before_templating():
     from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.operator_inputs import (
         InputError, refuse_templated_run)
-    refuse_templated_run({"run": "slammed5"})  # a plain name passes
+    refuse_templated_run("slammed5")  # a plain name passes, and no name at all (check() says so)
+    refuse_templated_run(None)
     with pytest.raises(InputError) as e:
-        refuse_templated_run({"training_run_name": "{{ lookup('pipe', 'id') }}"})
-    assert str(e.value).startswith("training_run_name \"{{ lookup('pipe', 'id') }}\" is a template: Ansible "
-                                   "templates -e values")
+        refuse_templated_run("{{ lookup('pipe', 'id') }}")
+    assert str(e.value).startswith("run \"{{ lookup('pipe', 'id') }}\" is a template: Ansible templates -e "
+                                   "values")
     assert "python -m dflash_ops restart NAME" in str(e.value)
