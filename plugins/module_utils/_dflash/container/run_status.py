@@ -172,7 +172,9 @@ def status(req):
            "launched": launch_info is not None, "fingerprint": (launch_info or {}).get("fingerprint"),
            "launched_at": (launch_info or {}).get("launched_at"), "heartbeat": hb,
            "state": job_state(pid, ranks) or run_state(run_dir, pid, launch_info, first),
-           "ranks": ranks, "world": (launch_info or {}).get("job"), "failed_rank": first}
+           "ranks": ranks, "world": (launch_info or {}).get("job")}
+    # the first failed rank of a job that failed (not of one stopped, whose ranks may have met SIGKILL at the end)
+    out["failed_rank"] = first if out["state"].startswith(("crashed", "failing")) else None
     if hb:
         out["heartbeat_age_s"] = round(now - float(hb.get("updated_at", 0)), 1)
         for key in ("phase", "step", "epoch", "loss", "tokens_per_s", "queue_depth"):
