@@ -176,7 +176,9 @@ def one_restart(ct, data, env, mode, fault, res, rng, vmid):
     got = resumed_step(ct, run_dir, ckpt)
     _, left = checkpoint_listing(ct, ckpt)
     lost = (at_kill - got) if at_kill is not None and got is not None else None
-    row = {"mode": mode, "fault": fault, "wall": wall, "one": live == job, "resumed": got is not None and got == expected,
+    stop = sum(s.get("waited_s") or 0 for s in res.get("stopped") or [])
+    row = {"mode": mode, "fault": fault, "wall": wall, "stop_s": stop,
+           "start_s": (res.get("timings") or {}).get("first_heartbeat"), "one": live == job, "resumed": got is not None and got == expected,
            "lost": lost, "left": left, "missed": fault != "none" and at_kill is None}
     return row, res, live, got, expected
 
@@ -217,7 +219,8 @@ def soak(args, tmp):
             n[mode] += 1
             row, res, live, got, expected = one_restart(ct, data, env, mode, fault, res, rng, args.vmid)
             rows.append(row)
-            print(f"restart {len(rows)} ({mode}, {fault}): {row['wall']:.1f} s, live job {live}, resumed {got} "
+            print(f"restart {len(rows)} ({mode}, {fault}): {row['wall']:.1f} s (stop {row['stop_s']:.1f} s, first "
+                  f"heartbeat {row['start_s']} s), live job {live}, resumed {got} "
                   f"(newest complete {expected})" + (f", {row['lost']} steps lost" if row["lost"] is not None else "")
                   + (f", LEFT {row['left']}" if row["left"] else "") + (", window missed" if row["missed"] else ""),
                   flush=True)
@@ -260,7 +263,6 @@ def main():
         rows, start, end = soak(args, Path(tmp))
     kills = [r for r in rows if r["fault"] != "none"]
     lost = [r["lost"] for r in kills if r["lost"] is not None]
-    walls = [r["wall"] for r in rows]
     print("%-38s %d (%d one process, %d torchrun)" % ("restarts", len(rows), sum(r["mode"] == "single" for r in rows),
                                                        sum(r["mode"] == "torchrun" for r in rows)))
     print("%-38s %d/%d" % ("exactly one live job after", sum(r["one"] for r in rows), len(rows)))
@@ -274,7 +276,14 @@ def main():
             max(got) if got else "-"))
     print("%-38s %d (steps lost: median %s, max %s)" % ("kills in all", len(kills),
           statistics.median(lost) if lost else "-", max(lost) if lost else "-"))
-    print("%-38s median %.1f s, p90 %.1f s" % ("restart wall time", statistics.median(walls), p90(walls)))
+    for mode in ("single", "torchrun"):
+        mine = [r for r in rows if r["mode"] == mode]
+        if mine:
+            print("%-38s median %.1f s, p90 %.1f s (the stop: median %.1f s; to the first heartbeat: median %s s)" % (
+                f"restart wall time, {mode}", statistics.median(r["wall"] for r in mine),
+                p90([r["wall"] for r in mine]), statistics.median(r["stop_s"] for r in mine),
+                statistics.median(r["start_s"] for r in mine if r["start_s"] is not None)
+                if any(r["start_s"] is not None for r in mine) else "-"))
     for name, (disk, files, mem) in (("start", start), ("end", end)):
         print("%-38s disk %d bytes in %d files, memory %s" % (
             f"container at the {name}", disk, files, "%d bytes" % mem if mem is not None else "unknown"))

@@ -183,3 +183,6 @@ def test_a_killed_drafter_rank_is_named_first_with_its_role_and_signal(runs_root
     assert status["state"].isascii() and status["ranks"] == []
     assert status["failed_rank"] == {"rank": 2, "role": "drafter", "pid": victim["pid"], "rc": -9,
                                      "exit": "killed by SIGKILL"}
+    hb = status["heartbeat"]  # rank 0's, when it failed on the broken connection: the killed peer before its error
+    assert hb["phase"] != "failed" or hb["failed_rank"] == {
+        "rank": 2, "role": "drafter", "pid": victim["pid"], "exit": "gone without an error of its own (killed?)"}, hb

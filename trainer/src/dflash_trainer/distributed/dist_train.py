@@ -121,6 +121,30 @@ def _read_progress(world: World, heartbeat: Heartbeat) -> None:
         heartbeat.update(ranks=ranks)
 
 
+def _killed_peer(world: World) -> dict | None:
+    """The first other rank gone without its end file (world.write_end_file): killed by a signal, its pid file
+    left behind. Rank 0 names it in the `failed` heartbeat before its own error, which that death caused (a broken
+    connection); the lifecycle adds the signal from the torchrun agent's log (rank_ends.py)."""
+    directory = os.path.dirname(world.pid_file)
+    for rank in range(world.world_size):
+        if rank == world.rank or os.path.exists(os.path.join(directory, f"{rank}.end.json")):
+            continue
+        try:
+            with open(os.path.join(directory, f"{rank}.pid")) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            continue  # ended cleanly, or never registered
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                gone = f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie until the agent reaps it
+        except (OSError, IndexError):
+            gone = True
+        if gone:
+            return {"rank": rank, "role": world.layout[rank]["role"], "pid": pid,
+                    "exit": "gone without an error of its own (killed?)"}
+    return None
+
+
 def _report_failure(cfg: TrainConfig, world: World, heartbeat, e: BaseException) -> str:
     """The failed rank's lines in the log and, on rank 0, the `failed` heartbeat (called inside the except);
     returns this rank's error line."""
@@ -140,7 +164,8 @@ def _report_failure(cfg: TrainConfig, world: World, heartbeat, e: BaseException)
         log(world, f"error: {message} (after {first.split(':')[0]} failed)")
     if heartbeat is not None:
         heartbeat.stop()
-        heartbeat.set_phase("failed", error=first)
+        killed = _killed_peer(world)
+        heartbeat.set_phase("failed", error=first, **({"failed_rank": killed} if killed else {}))
     return message
 
 
