@@ -8,13 +8,18 @@ selector) or a control character made Ansible print the whole summary as one esc
 import unicodedata
 
 
+def plain_line(text):
+    """`text` with accents folded (é -> e), emoji and other non-ASCII characters dropped, control characters made
+    spaces; the spacing kept (a log line's columns)."""
+    folded = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode("ascii")
+    return "".join(c if c.isprintable() else " " for c in folded)
+
+
 def plain(text, limit=None):
-    """`text` with accents folded (é -> e), emoji, control and other non-ASCII characters dropped, and runs of
-    whitespace made one space; cut to `limit` characters (with '...') when given."""
+    """plain_line(text) with runs of whitespace made one space; cut to `limit` characters (with '...') when given."""
     if text is None:
         return None
-    folded = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode("ascii")
-    out = " ".join("".join(c if c.isprintable() else " " for c in folded).split())
+    out = " ".join(plain_line(text).split())
     if limit is not None and len(out) > limit:
         out = out[:max(0, limit - 3)] + "..."
     return out

@@ -11,7 +11,7 @@ import time
 
 from .gpu_release import nvml_snapshot
 from .job_ranks import is_healthy, job_state, rank_states, ranks_dir, slowest_rank
-from .plain_text import plain
+from .plain_text import plain, plain_line
 from .rank_ends import describe_rank, first_failure, retire_stale
 from .procfs import cmdline, cmdline_matches, is_alive
 from .run_records import EXIT_RECORD, LOG_NAME, STOP_RECORD, exit_text, own_record, read_json, read_pid
@@ -96,7 +96,7 @@ def log_tail(path, lines):
             data = f.read().decode("utf-8", "replace")
     except OSError:
         return []
-    return data.splitlines()[-lines:]
+    return [plain_line(line) for line in data.splitlines()[-lines:]]  # no emoji: Ansible prints it escaped
 
 
 def gpu_utilization(run_dir, now):
