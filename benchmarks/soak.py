@@ -20,7 +20,8 @@ and kills timed inside a checkpoint write (once checkpoints/.tmp-step-N appears)
   - steps lost per kill: the heartbeat's step at the kill − the step resumed from (≤ one interval, 5, is the goal;
     the heartbeat lags by up to its 1 s interval).
 Prints one line per restart and a table, with the container's disk use (run dirs and checkpoints) and memory (its
-cgroup's memory.current, or memory.usage_in_bytes on cgroup v1) at the start and the end.
+cgroup's memory.current, or memory.usage_in_bytes on cgroup v1) when each mode's first job runs and after its last
+restart (a torchrun job holds four processes where one process runs one: compare like with like).
 Needs root and the harness (tests/harness/setup.sh). Its own vmid (290) and its own lock, so the container tests
 (vmids 200/201, the harness's lock) are not held up; it starts a loopback sshd, clones the golden container with the
 checkout's trainer installed, and removes both at the end.
@@ -209,16 +210,17 @@ def soak(args, tmp):
         rng = random.Random(args.seed)
         t0 = time.monotonic()
         budget = args.minutes * 60
-        rows, start_usage, mode, res, n = [], None, None, None, {"single": 0, "torchrun": 0}
+        rows, mode, res, n = [], None, None, {"single": 0, "torchrun": 0}
+        marks = []  # (what, usage): each mode's first job running, and its last, so that like meets like
         while len(rows) < args.restarts and time.monotonic() - t0 < budget:
             want = "single" if time.monotonic() - t0 < budget * args.single_share else "torchrun"
             if want != mode:
                 if mode is not None:  # the other run stops: one job in the container at a time
+                    marks.append((f"{mode}, end", usage(ct, MODES.values())))
                     playbook_stop(data, env, MODES[mode], args.vmid)
                 mode = want
                 res = first_job(ct, data, env, MODES[mode], args.vmid)
-                if start_usage is None:
-                    start_usage = usage(ct, MODES.values())
+                marks.append((f"{mode}, start", usage(ct, MODES.values())))
             fault = FAULTS[mode][n[mode] % len(FAULTS[mode])]
             n[mode] += 1
             row, res, live, got, expected = one_restart(ct, data, env, mode, fault, res, rng, args.vmid)
@@ -228,8 +230,8 @@ def soak(args, tmp):
                   f"(newest complete {expected})" + (f", {row['lost']} steps lost" if row["lost"] is not None else "")
                   + (f", LEFT {row['left']}" if row["left"] else "") + (", window missed" if row["missed"] else ""),
                   flush=True)
-        end_usage = usage(ct, MODES.values())
-        return rows, start_usage, end_usage
+        marks.append((f"{mode}, end", usage(ct, MODES.values())))
+        return rows, marks
     finally:
         if ct is not None:
             lxc.stop(ct.name, kill=True)
@@ -264,7 +266,7 @@ def main():
     args = ap.parse_args()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        rows, start, end = soak(args, Path(tmp))
+        rows, marks = soak(args, Path(tmp))
     kills = [r for r in rows if r["fault"] != "none"]
     lost = [r["lost"] for r in kills if r["lost"] is not None]
     print("%-38s %d (%d one process, %d torchrun)" % ("restarts", len(rows), sum(r["mode"] == "single" for r in rows),
@@ -288,9 +290,9 @@ def main():
                 p90([r["wall"] for r in mine]), statistics.median(r["stop_s"] for r in mine),
                 statistics.median(r["start_s"] for r in mine if r["start_s"] is not None)
                 if any(r["start_s"] is not None for r in mine) else "-"))
-    for name, (disk, files, mem) in (("start", start), ("end", end)):
+    for name, (disk, files, mem) in marks:
         print("%-38s disk %d bytes in %d files, memory %s" % (
-            f"container at the {name}", disk, files, "%d bytes" % mem if mem is not None else "unknown"))
+            f"container, {name}", disk, files, "%d bytes" % mem if mem is not None else "unknown"))
     print("%-38s %.0f s" % ("total", time.monotonic() - t0))
 
 
