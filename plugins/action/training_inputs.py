@@ -12,7 +12,7 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.operator_inputs import (
-    NAMES, InputError, check)
+    NAMES, InputError, check, refuse_templated_run)
 
 
 class ActionModule(ActionBase):
@@ -25,6 +25,8 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         variables = {}
         try:
+            # the name as typed, before templating would run what it holds
+            refuse_templated_run(task_vars.get("run"))
             for name in NAMES:
                 if name in task_vars:
                     try:

@@ -398,6 +398,15 @@ queue_depth:
   returned: state is status and the heartbeat of a torchrun job has it
   type: int
   sample: 27
+failed_rank:
+  description: The rank of a torchrun job that failed first (container/rank_ends.py) - a rank killed from outside
+    before any rank's own error (a peer's broken connection is its consequence), else the earliest error - with its
+    role, pid, exit code (C(rc), negative for a signal, null where unknown), C(exit) in words and its own C(error)
+    as plain text where it wrote one; null for one process, a job that did not fail, or ranks that all died with
+    their agent.
+  returned: state is status, or when a launch failed
+  type: dict
+  sample: {rank: 2, role: drafter, pid: 1226, rc: -9, exit: killed by SIGKILL}
 slowest_rank:
   description: The torchrun rank furthest behind (lowest step among the ranks still working; ties - the oldest
     update), from the heartbeat's C(ranks); null for one process or when every rank is done.

@@ -4,7 +4,8 @@
 Writes heartbeat.json {pid, phase, step, epoch, updated_at} into $DFLASH_RUN_DIR (or --run-dir) every --interval s,
 checkpoints to checkpoints/step-N (temp dir + rename, `latest` file) every --ckpt-every steps and on SIGTERM, and
 resumes from checkpoints/latest. Fault switches: --crash RC, --ignore-term, --slow-exit S, --hold PATH,
---fork-holder (a child that keeps stdout open and lives on), --no-heartbeat.
+--fork-holder (a child that keeps stdout open and lives on), --no-heartbeat, --fail TEXT with --fail-exit-after S
+(as dflash-train fails at start: the `failed` heartbeat with TEXT and its error line, then exit 2 S seconds later).
 --check answers as `dflash-train --check` does (one JSON line, then `ok`, exit 0; the settings the lifecycle reads:
 checkpoints under --output-dir or the run dir, --keep-checkpoints, the stand-in's own default 3) and starts nothing;
 with --refuse-check TEXT it refuses (TEXT on stderr, exit 2).
@@ -65,6 +66,8 @@ def main():
     ap.add_argument("--tag", default="", help="free text, only to change the fingerprint")
     ap.add_argument("--fork-holder", action="store_true", help="fork a child that keeps stdout open and lives on")
     ap.add_argument("--no-heartbeat", action="store_true", help="never write heartbeat.json")
+    ap.add_argument("--fail", default=None, help="fail at start as dflash-train does, with this error text")
+    ap.add_argument("--fail-exit-after", type=float, default=0.0, help="with --fail: seconds until the exit")
     ap.add_argument("--check", action="store_true", help="answer as dflash-train --check, start nothing")
     ap.add_argument("--refuse-check", default=None, help="with --check: refuse with this text")
     ap.add_argument("--output-dir", default=None)
@@ -83,6 +86,12 @@ def main():
     if args.crash is not None:
         print("fake_trainer: crashing at start with status %d (as asked)" % args.crash, flush=True)
         return args.crash
+    if args.fail is not None:
+        atomic_json(os.path.join(run_dir, "heartbeat.json"),
+                    {"pid": os.getpid(), "phase": "failed", "error": args.fail, "updated_at": time.time()})
+        print("dflash-train: error: %s" % args.fail, file=sys.stderr, flush=True)
+        time.sleep(args.fail_exit_after)
+        return 2
     held = open(args.hold, "a") if args.hold else None  # noqa: F841 (kept open on purpose)
 
     step = 0

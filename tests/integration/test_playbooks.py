@@ -91,6 +91,19 @@ def test_restart_playbook_refuses_bad_runs(tmp_path, extravars, msg):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_templated_run_name_is_named_as_such_and_not_run(tmp_path):
+    """-e run="{{ lookup('pipe', ...) }}": Ansible would template it into the lookup's output (empty here); the
+    refusal says it is a template and points at the launcher, instead of "no run given", and the lookup never ran."""
+    marker = tmp_path / "lookup-ran"
+    status, ev = _play(tmp_path, "restart_training.yml", {"run": "{{ lookup('pipe', 'touch %s') }}" % marker})
+    assert status == "failed"
+    msg = [e["res"]["msg"] for e in ev if e["res"].get("bad_input")][0]
+    assert msg.startswith("run \"{{ lookup('pipe', 'touch %s') }}\" is a template: Ansible templates -e values"
+                          % marker), msg
+    assert "python -m dflash_ops restart NAME" in msg and "no run given" not in msg
+    assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
 def test_check_mode_creates_nothing_and_says_would_launch(tmp_path):
     status, ev = _play(tmp_path, "restart_training.yml", {"run": "r1"}, check=True)
     assert status == "successful" and module_result(ev)["changed"]

@@ -93,7 +93,7 @@ def test_crash_at_start_fails_with_exit_status_and_log_tail(ansible, runs_root):
                              args(runs_root, trainer_args={"tag": "t-crash", "crash": 3}))
     assert not ok
     assert res["rc"] == 3
-    assert "exited with status 3" in res["msg"]
+    assert "failed right after launch (exit 3)" in res["msg"]
     assert any("crashing at start with status 3" in line for line in res["log_tail"])
     old_logs = list((runs_root / "r1").glob("train.*.log"))
     assert len(old_logs) == 1 and "fake_trainer: exiting" in old_logs[0].read_text()

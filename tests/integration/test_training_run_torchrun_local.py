@@ -164,3 +164,25 @@ def test_a_configuration_the_trainer_refuses_leaves_the_live_job_as_it_was(runs_
     assert job_processes(run_dir) == {agent} | ranks
     assert open(os.path.join(run_dir, "launch.json")).read() == launch_before
     assert sorted(n for n in os.listdir(run_dir) if n.endswith(".log")) == logs_before
+
+
+def test_a_killed_drafter_rank_is_named_first_with_its_role_and_signal(runs_root, tiny):
+    """kill -9 of drafter rank 2 mid-training: the peers fail on the broken connection (gloo's text, emoji and
+    all), torchrun ends the job; status names rank 2, its role and its signal before anything it caused, in plain
+    ASCII, and the rank's pid file left behind is retired (no rank listed as gone)."""
+    run_dir = str(runs_root / "r1")
+    res = run_lifecycle.change(make_req(runs_root, tiny))
+    assert res["action"] == "launched", res
+    victim = res["ranks"][2]
+    wait_for(lambda: len(read_jsonl(os.path.join(run_dir, "metrics.jsonl"))) >= 1, 120, "no optimizer step")
+    os.kill(victim["pid"], signal.SIGKILL)
+    wait_for(lambda: not procfs.is_alive(res["pid"]), 90, "torchrun did not end the job")
+    status = run_status.status(make_req(runs_root, tiny, state="status"))
+    prefix = "crashed (rank 2 drafter (pid %d) killed by SIGKILL; then " % victim["pid"]
+    assert status["state"].startswith(prefix), status["state"]
+    assert status["state"].isascii() and status["ranks"] == []
+    assert status["failed_rank"] == {"rank": 2, "role": "drafter", "pid": victim["pid"], "rc": -9,
+                                     "exit": "killed by SIGKILL"}
+    hb = status["heartbeat"]  # rank 0's, when it failed on the broken connection: the killed peer before its error
+    assert hb["phase"] != "failed" or hb["failed_rank"] == {
+        "rank": 2, "role": "drafter", "pid": victim["pid"], "exit": "gone without an error of its own (killed?)"}, hb

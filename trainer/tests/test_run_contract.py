@@ -4,6 +4,7 @@ import os
 import re
 import signal
 
+import pytest
 import torch
 
 from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd, wait_for
@@ -87,3 +88,32 @@ def test_sigterm_checkpoints_and_exits_zero(tiny, tmp_path):
     _, _, state = load_checkpoint(find_latest(str(out)))
     assert state["step"] == step and set(state) >= {"optimizer", "scheduler", "data", "rng"}
     assert isinstance(state["rng"]["torch"], torch.Tensor)
+
+
+@pytest.mark.slow
+def test_kill_during_prune_leaves_nothing_incomplete_after_the_next_checkpoint(tiny, tmp_path):
+    """A kill timed into pruning (the old step-N renamed aside, mid-delete) and a step-N an older trainer's
+    prune cut short (only train_state.pt left, as issue 37 found): the next start and checkpoint remove both,
+    saying what and how many bytes, never `latest`; the run resumes from the newest complete checkpoint."""
+    out, root = tmp_path / "out", tmp_path / "out" / "checkpoints"
+    args = ("--checkpoint-interval", "1", "--keep-checkpoints", "1")
+    slow = start(train_cmd(tiny, out, "--max-steps", "4", *args), tmp_path / "a.log",
+                 env={"DFLASH_DEBUG_PRUNE_PAUSE_S": "60"})
+    try:
+        wait_for(lambda: (root / ".pruning-step-1").exists(), proc=slow)   # step-2 is `latest`; step-1 is going
+        slow.send_signal(signal.SIGKILL)
+        slow.wait(timeout=30)
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+    assert (root / "latest").read_text().strip() == "step-2" and not (root / "step-1").exists()
+    half = root / "step-0"  # what an older trainer's cut prune left: the optimizer state alone
+    half.mkdir()
+    (half / "train_state.pt").write_bytes(b"x" * 1000)
+    again = start(train_cmd(tiny, out, "--max-steps", "4", *args), tmp_path / "b.log")
+    assert again.wait(timeout=120) == 0
+    log = (tmp_path / "b.log").read_text()
+    assert re.search(r"removed .*\.pruning-step-1 \(\d+ bytes\)", log), log
+    assert re.search(r"removed .*step-0 \(1000 bytes\)", log), log
+    assert re.search(r"resumed from .*step-2 at step 2\b", log), log
+    assert sorted(os.listdir(root)) == ["latest", "step-4"]

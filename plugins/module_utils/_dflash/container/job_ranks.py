@@ -33,14 +33,14 @@ def ranks_dir(launch_info, run_dir):
 
 
 def clear_rank_files(directory):
-    """Remove the pid files of an earlier job (called after it was stopped): a file left by a killed rank must
-    not make the next job look as if one of its ranks died."""
+    """Remove the pid and end files of an earlier job (called after it was stopped): a file left by a killed rank
+    must not make the next job look as if one of its ranks died."""
     try:
         names = os.listdir(directory)
     except OSError:
         return
     for name in names:
-        if name.endswith(".pid") or ".pid.tmp" in name:
+        if name.endswith((".pid", ".end.json")) or ".pid.tmp" in name:  # .end.json: rank_ends.py
             try:
                 os.unlink(os.path.join(directory, name))
             except OSError:

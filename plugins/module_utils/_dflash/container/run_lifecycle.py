@@ -21,13 +21,16 @@ from .entry import answer
 from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, wait_for_release
 from .job_ranks import clear_rank_files, is_healthy, rank_states, stop_job
+from .plain_text import plain
 from .procfs import POLL_S, cmdline, cmdline_matches, stop_group
+from .rank_ends import describe_rank
 from .run_name import validate_run_name
 from .run_paths import check_not_system_dir, check_reserved_env
-from .run_records import (EXIT_RECORD, LOG_NAME, STOP_RECORD, keep_previous, prune_records, read_json, read_pid,
-                          record, restore, unlink, write_json_atomic, write_pidfile)
+from .run_records import (EXIT_RECORD, LOG_NAME, STOP_RECORD, exit_text, keep_previous, prune_records, read_json,
+                          read_pid, record, restore, unlink, write_json_atomic, write_pidfile)
 from .run_space import check_space, last_checkpoint, recorded_checkpoints
-from .run_status import conflicting_runs, log_tail, own_heartbeat, run_state, status
+from .run_status import (conflicting_runs, first_failed_rank, log_tail, own_heartbeat, own_heartbeat_of, run_state,
+                         status)
 from .trainer_check import CheckRefused, check_cwd, collection_layout, run_check
 from .trainer_record import TrainerRefused, check_trainer
 
@@ -142,11 +145,7 @@ def verify(req, proc, timings):
     hb = first_hb = None
 
     def died(rc):
-        record(run_dir, EXIT_RECORD, {"pid": proc.pid, "rc": rc, "at": time.time()})
-        tail = log_tail(log_path, req["log_tail_lines"])
-        return LifecycleError("the trainer exited with status %s right after launch%s; see log_tail (%s)"
-                              % (rc, _error_line(tail), log_path), rc=rc, pid=proc.pid, log_tail=tail,
-                              heartbeat=read_json(hb_path))
+        return _failed_at_launch(req, proc, rc)
 
     while True:
         rc = proc.poll()
@@ -158,11 +157,8 @@ def verify(req, proc, timings):
         if fresh and first_hb is None:
             first_hb = round(elapsed, 3)
             timings["first_heartbeat"] = first_hb
-        if fresh and hb.get("phase") == "failed":
-            proc_rc = _wait_exit(proc, 5)
-            raise LifecycleError("the trainer reported phase failed: %s" % hb.get("error", "no error text"),
-                                 rc=proc_rc, pid=proc.pid, heartbeat=hb,
-                                 log_tail=log_tail(log_path, req["log_tail_lines"]))
+        if fresh and hb.get("phase") == "failed":  # the same line as its exit seen first (died)
+            raise _failed_at_launch(req, proc, _wait_exit(proc, 5))
         if elapsed >= req["settle_time"] and fresh:
             if not cmdline_matches(cmdline(proc.pid), req["argv"]):
                 raise LifecycleError("pid %d does not run the launched command (%s)" % (
@@ -188,23 +184,39 @@ def verify(req, proc, timings):
         time.sleep(POLL_S)
 
 
+def _failed_at_launch(req, proc, rc):
+    """One line for a launch that failed, whether its exit or its `failed` heartbeat was seen first: the exit
+    (recorded in exit.json), the first failed rank of a torchrun job, then the trainer's own error (its heartbeat's,
+    else its log's error line), as plain text."""
+    run_dir = req["run_dir"]
+    log_path = os.path.join(run_dir, LOG_NAME)
+    hb = own_heartbeat_of(run_dir, proc.pid)
+    tail = log_tail(log_path, req["log_tail_lines"])
+    first = first_failed_rank(run_dir, read_json(os.path.join(run_dir, "launch.json")))
+    if rc is not None:
+        record(run_dir, EXIT_RECORD, dict({"pid": proc.pid, "rc": rc, "at": time.time()},
+                                          **({"failed_rank": first} if first else {})))
+    error = (hb or {}).get("error") if (hb or {}).get("phase") == "failed" else None
+    cause = ": %s" % plain(error) if error else _error_line(tail)
+    return LifecycleError("the trainer failed right after launch (exit %s%s)%s; see log_tail (%s)"
+                          % (exit_text(rc), "; %s first" % describe_rank(first) if first else "", cause, log_path),
+                          rc=rc, pid=proc.pid, log_tail=tail, heartbeat=hb, failed_rank=first)
+
+
 def _error_line(tail):
     """': <the trainer's own error line>' from its log's last lines (the last `error:` or `…Error: …` line, else
     the last line), or ''."""
     lines = [line.strip() for line in tail or [] if line.strip()]
     errors = [line for line in lines if "error:" in line.lower() or ERROR_LINE.match(line)]
     pick = (errors or lines)[-1:]
-    return ": %s" % pick[0] if pick else ""
+    return ": %s" % plain(pick[0]) if pick else ""
 
 
 def _job_ranks_up(req, proc, log_path):
     """The torchrun job's ranks once all of them registered, alive; None while some have not registered yet."""
     ranks = rank_states(req["run_dir"], read_json(os.path.join(req["run_dir"], "launch.json")))
-    dead = [r for r in ranks if not r["alive"]]
-    if dead:
-        raise LifecycleError("rank %d (pid %d) of the torchrun job died right after launch; see log_tail"
-                             % (dead[0]["rank"], dead[0]["pid"]), pid=proc.pid, ranks=ranks,
-                             log_tail=log_tail(log_path, req["log_tail_lines"]))
+    if any(not r["alive"] for r in ranks):  # the agent ends the job: its exit and the first cause, in one line
+        raise _failed_at_launch(req, proc, _wait_exit(proc, 10))
     return ranks if len(ranks) >= req["job"]["nproc_per_node"] else None
 
 

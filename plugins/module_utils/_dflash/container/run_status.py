@@ -10,15 +10,25 @@ import os
 import time
 
 from .gpu_release import nvml_snapshot
-from .job_ranks import is_healthy, job_state, rank_states, slowest_rank
+from .job_ranks import is_healthy, job_state, rank_states, ranks_dir, slowest_rank
+from .plain_text import plain, plain_line
+from .rank_ends import describe_rank, first_failure, retire_stale
 from .procfs import cmdline, cmdline_matches, is_alive
 from .run_records import EXIT_RECORD, LOG_NAME, STOP_RECORD, exit_text, own_record, read_json, read_pid
 
 TELEMETRY_NAME = "telemetry.jsonl"  # the trainer's NVML rows (telemetry.py): {time, gpu, util_pct, mem_used_mb, ...}
 
 
-def run_state(run_dir, pid, launch_info):
-    """One phrase for the run as an operator asks about it: running, not running (why), crashed (how)."""
+def run_state(run_dir, pid, launch_info, first=None):
+    """One phrase for the run as an operator asks about it: running, not running (why), crashed (how; `first`:
+    the rank that failed first, named before anything it caused)."""
+    state = _run_state(run_dir, pid, launch_info)
+    if first and state.startswith("crashed ("):
+        state = "crashed (%s; then %s" % (describe_rank(first), state[len("crashed ("):])
+    return state
+
+
+def _run_state(run_dir, pid, launch_info):
     if pid is not None:
         return "running"
     if launch_info is None:
@@ -39,7 +49,7 @@ def run_state(run_dir, pid, launch_info):
     if ended:
         return "crashed (exit %s)" % exit_text(ended.get("rc"))
     if hb and hb.get("phase") == "failed":
-        return "crashed (exit status not recorded; the trainer reported: %s)" % hb.get("error", "no error text")
+        return "crashed (exit status not recorded; the trainer reported: %s)" % plain(hb.get("error", "no error text"))
     if hb:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(hb.get("updated_at", 0))))
         return ("crashed (exit status not recorded: the process is gone; last heartbeat: phase %s, step %s, %s)"
@@ -50,9 +60,31 @@ def run_state(run_dir, pid, launch_info):
 def own_heartbeat(run_dir):
     """The heartbeat written by the run's last launched process (its pid file), else None: a heartbeat left by an
     earlier launch says nothing about the current one."""
+    return own_heartbeat_of(run_dir, read_pid(run_dir))
+
+
+def own_heartbeat_of(run_dir, pid):
     hb = read_json(os.path.join(run_dir, "heartbeat.json"))
-    pid = read_pid(run_dir)
     return hb if hb is not None and pid is not None and hb.get("pid") == pid else None
+
+
+def first_failed_rank(run_dir, launch_info, ranks=None):
+    """The torchrun job's rank that failed first (rank_ends.first_failure), None for one process or none failed."""
+    directory = ranks_dir(launch_info, run_dir)
+    if directory is None:
+        return None
+    rows = rank_states(run_dir, launch_info) if ranks is None else ranks
+    return first_failure(directory, rows, os.path.join(run_dir, LOG_NAME))
+
+
+def retire_stale_ranks(run_dir, pid, launch_info, ranks):
+    """Once the torchrun agent is gone, the pid files of gone ranks (or of pids another process has now) become
+    end records (rank_ends.retire_stale); returns the ranks left registered."""
+    directory = ranks_dir(launch_info, run_dir)
+    if directory is None or pid is not None or all(r["alive"] for r in ranks):
+        return ranks
+    retire_stale(directory, ranks, os.path.join(run_dir, LOG_NAME))
+    return rank_states(run_dir, launch_info)
 
 
 def log_tail(path, lines):
@@ -64,7 +96,7 @@ def log_tail(path, lines):
             data = f.read().decode("utf-8", "replace")
     except OSError:
         return []
-    return data.splitlines()[-lines:]
+    return [plain_line(line) for line in data.splitlines()[-lines:]]  # no emoji: Ansible prints it escaped
 
 
 def gpu_utilization(run_dir, now):
@@ -131,14 +163,18 @@ def conflicting_runs(req):
 def status(req):
     run_dir = req["run_dir"]
     pid, launch_info, ranks, _left = run_processes(run_dir)
+    first = first_failed_rank(run_dir, launch_info, ranks) if not is_healthy(pid, ranks) else None
+    ranks = retire_stale_ranks(run_dir, pid, launch_info, ranks)
     healthy = is_healthy(pid, ranks)
     hb = own_heartbeat(run_dir)
     now = time.time()
     out = {"run": req["run"], "run_dir": run_dir, "alive": healthy, "pid": pid,
            "launched": launch_info is not None, "fingerprint": (launch_info or {}).get("fingerprint"),
            "launched_at": (launch_info or {}).get("launched_at"), "heartbeat": hb,
-           "state": job_state(pid, ranks) or run_state(run_dir, pid, launch_info),
+           "state": job_state(pid, ranks) or run_state(run_dir, pid, launch_info, first),
            "ranks": ranks, "world": (launch_info or {}).get("job")}
+    # the first failed rank of a job that failed (not of one stopped, whose ranks may have met SIGKILL at the end)
+    out["failed_rank"] = first if out["state"].startswith(("crashed", "failing")) else None
     if hb:
         out["heartbeat_age_s"] = round(now - float(hb.get("updated_at", 0)), 1)
         for key in ("phase", "step", "epoch", "loss", "tokens_per_s", "queue_depth"):

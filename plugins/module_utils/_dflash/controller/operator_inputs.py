@@ -143,6 +143,21 @@ NAMES = ("run", "training_run_name", "dflash_runs", "training_runs", "dflash_run
          "dflash_vmid") + SECONDS
 
 
+TEMPLATE_MARKS = ("{{", "{%", "{#")  # Jinja's: Ansible templates a value holding one (-e values included)
+
+
+def refuse_templated_run(raw):
+    """Refuse (InputError) `raw`, the run name as typed (-e run=..., before anything templated it), when it is a
+    template: Ansible templates -e values, so it would arrive changed (a lookup's output) or empty, and "no run
+    given" would be the wrong line; the launcher never templates. (training_run_name, the role's variable, is
+    templated on purpose: the role's default is "{{ run }}".)"""
+    if isinstance(raw, str) and any(mark in raw for mark in TEMPLATE_MARKS):
+        raise InputError("run %s is a template: Ansible templates -e values (a lookup in one runs on this "
+                         "controller) and would pass its output as the run name; give the name itself (e.g. -e "
+                         "run=slammed5), or start the run with the launcher, which never templates: python -m "
+                         "dflash_ops restart NAME (launcher/README.md)" % _shown(raw))
+
+
 def check(variables):
     """Refuse (InputError) the first wrong operator input of `variables` (what the play sees, by name).
 

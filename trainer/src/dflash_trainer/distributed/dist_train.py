@@ -44,11 +44,11 @@ from contextlib import ExitStack
 import torch
 import torch.distributed as dist
 
-from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
+from dflash_trainer.loop.checkpoint import checkpoints_dir, clean_leftovers, find_latest, load_checkpoint
 from dflash_trainer.config import StartupError, TrainConfig, validate_paths
 from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
 from dflash_trainer.distributed.ranks import log, run_drafter, run_target
-from dflash_trainer.distributed.world import World, close_world, init_world, remove_pid_file
+from dflash_trainer.distributed.world import World, close_world, init_world, remove_pid_file, write_end_file
 from dflash_trainer.failures import ExplainedFailure
 from dflash_trainer.telemetry.heartbeat import RESERVE_NAME, Heartbeat
 from dflash_trainer.distributed.hs_queue import batch_tap_bytes, check_host_memory, mem_available
@@ -121,8 +121,33 @@ def _read_progress(world: World, heartbeat: Heartbeat) -> None:
         heartbeat.update(ranks=ranks)
 
 
-def _report_failure(cfg: TrainConfig, world: World, heartbeat, e: BaseException) -> None:
-    """The failed rank's lines in the log and, on rank 0, the `failed` heartbeat (called inside the except)."""
+def _killed_peer(world: World) -> dict | None:
+    """The first other rank gone without its end file (world.write_end_file): killed by a signal, its pid file
+    left behind. Rank 0 names it in the `failed` heartbeat before its own error, which that death caused (a broken
+    connection); the lifecycle adds the signal from the torchrun agent's log (rank_ends.py)."""
+    directory = os.path.dirname(world.pid_file)
+    for rank in range(world.world_size):
+        if rank == world.rank or os.path.exists(os.path.join(directory, f"{rank}.end.json")):
+            continue
+        try:
+            with open(os.path.join(directory, f"{rank}.pid")) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            continue  # ended cleanly, or never registered
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                gone = f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie until the agent reaps it
+        except (OSError, IndexError):
+            gone = True
+        if gone:
+            return {"rank": rank, "role": world.layout[rank]["role"], "pid": pid,
+                    "exit": "gone without an error of its own (killed?)"}
+    return None
+
+
+def _report_failure(cfg: TrainConfig, world: World, heartbeat, e: BaseException) -> str:
+    """The failed rank's lines in the log and, on rank 0, the `failed` heartbeat (called inside the except);
+    returns this rank's error line."""
     explained = isinstance(e, (StartupError, ExplainedFailure))  # a refusal, a full disk: the line says it all
     message = " ".join((str(e) if explained else f"{type(e).__name__}: {e}").split())
     first = _first_error(world, f"rank {world.rank}: {message}")
@@ -139,7 +164,9 @@ def _report_failure(cfg: TrainConfig, world: World, heartbeat, e: BaseException)
         log(world, f"error: {message} (after {first.split(':')[0]} failed)")
     if heartbeat is not None:
         heartbeat.stop()
-        heartbeat.set_phase("failed", error=first)
+        killed = _killed_peer(world)
+        heartbeat.set_phase("failed", error=first, **({"failed_rank": killed} if killed else {}))
+    return message
 
 
 def _open_nvml(cfg: TrainConfig, world: World) -> NvmlTelemetry:
@@ -171,6 +198,8 @@ def _run_rank(cfg: TrainConfig, world: World, heartbeat, stop: threading.Event, 
     total_steps = cfg.epochs * math.ceil(batches / G)
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
+    if world.is_drafter_leader:  # the checkpoint writer: what a kill mid-save or mid-prune left (never `latest`)
+        clean_leftovers(checkpoints_dir(cfg.output_dir), lambda msg: log(world, msg))
     resume_from = find_latest(cfg.output_dir)
     saved, step0, data_state = None, 0, None
     if resume_from is not None:
@@ -221,13 +250,15 @@ def main(cfg: TrainConfig) -> int:
             stack.callback(nvml.close)
             _run_rank(cfg, world, heartbeat, stop, done, nvml)
     except BaseException as e:  # noqa: BLE001 - every failure must name its rank and reach the log
+        rc, message = (2 if isinstance(e, StartupError) else 1), f"{type(e).__name__}"
         try:
-            _report_failure(cfg, world, heartbeat, e)
+            message = _report_failure(cfg, world, heartbeat, e)
         finally:  # os._exit skips every cleanup; the pid file last, so the rank shows until it goes
+            write_end_file(world.pid_file, world.rank, world.role, rc, message)  # the lifecycle's first cause
             remove_pid_file(world.pid_file)
             # peers may be blocked in collectives with us: leave now, torchrun ends the job (the process group
             # goes with the process; destroying it here could wait on those peers)
-            os._exit(2 if isinstance(e, StartupError) else 1)
+            os._exit(rc)
     try:
         done.set()
         if heartbeat is not None:

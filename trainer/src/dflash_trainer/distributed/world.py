@@ -21,6 +21,7 @@ torchrun's process model, and what this module does about it:
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -173,6 +174,24 @@ def write_pid_file(run_dir: str, rank: int) -> str:
         f.write(f"{os.getpid()}\n")
     os.replace(tmp, path)
     return path
+
+
+def write_end_file(pid_file: str, rank: int, role: str, rc: int, error: str) -> None:
+    """<ranks dir>/<rank>.end.json on a failing rank's way out, before its pid file goes: how it ended and when,
+    so that the lifecycle names the rank that failed first (a rank killed by a signal writes none; its pid file
+    stays). Best effort: a full disk must not stop the exit."""
+    path = os.path.join(os.path.dirname(pid_file), f"{rank}.end.json")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"rank": rank, "role": role, "pid": os.getpid(), "rc": rc, "error": error,
+                       "at": time.time()}, f)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def remove_pid_file(path: str) -> None:

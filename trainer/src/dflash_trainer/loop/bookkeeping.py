@@ -64,7 +64,8 @@ class Bookkeeping:
         if self.writer:  # a full disk raises CheckpointWriteError here: the job ends with its one line
             saved = self.state.to_checkpoint(optimizer_state, self.cfg.to_dict(), **self.extra_state)
             self.saved_path = save_checkpoint(self.cfg.output_dir, self.state.step, weights,
-                                              self.drafter_cfg.to_dict(), saved, self.cfg.keep_checkpoints)
+                                              self.drafter_cfg.to_dict(), saved, self.cfg.keep_checkpoints,
+                                              say=self.say)
             self.profile.add("checkpoint", time.perf_counter() - t0)
             self.say(f"checkpoint {self.saved_path} ({time.perf_counter() - t0:.2f} s)")
         self.saved_step = self.state.step

@@ -4,8 +4,11 @@ Write order, so that a kill at any instant leaves a loadable `latest`:
   1. everything into checkpoints/.tmp-step-N, each file fsynced, then the directory fsynced;
   2. rename .tmp-step-N -> step-N (atomic), fsync checkpoints/;
   3. `latest` rewritten via a temp file + os.replace (atomic), fsync checkpoints/;
-  4. older step-N dirs beyond keep-last-k removed.
-A .tmp-* directory is never loaded; one left by a killed process is removed at the next save.
+  4. older step-N dirs beyond keep-last-k removed: each renamed to .pruning-step-N (atomic) before it is deleted,
+     so a kill mid-delete leaves a .pruning-* directory, never a half-deleted step-N.
+A .tmp-* or .pruning-* directory is never loaded. What a killed process leaves (those, and an incomplete step-N
+that an older trainer's prune left) is removed at start (clean_leftovers) and at each save, never the step-N
+`latest` names nor a complete one; each removal is logged with its bytes.
 A write that fails (a full disk: ENOSPC from a file, or torch.save's RuntimeError for it) removes what it wrote,
 leaves `latest` on the previous complete checkpoint and raises CheckpointWriteError, whose one line names the
 directory, the bytes free there and the bytes the checkpoint needs.
@@ -69,17 +72,69 @@ def _latest_name(root: str) -> str | None:
         return None
 
 
+def _bytes_under(path: str) -> int:
+    if not os.path.isdir(path):
+        return os.lstat(path).st_size if os.path.lexists(path) else 0
+    total = 0
+    for parent, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _complete(path: str) -> bool:
+    return all(os.path.isfile(os.path.join(path, f)) for f in FILES)
+
+
+def leftovers(root: str) -> list[str]:
+    """Names under checkpoints/ that no load ever reads and only a killed process leaves: .tmp-* (a save cut
+    short), .pruning-* (a prune cut short), .latest.tmp, and step-N dirs missing a file (an older trainer's prune
+    cut short); never the step-N `latest` names, never a complete one."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    latest = _latest_name(root)
+    found = []
+    for name in sorted(names):
+        path = os.path.join(root, name)
+        if name.startswith((".tmp-", ".pruning-")) or name == ".latest.tmp":
+            found.append(name)
+        elif STEP_DIR.match(name) and name != latest and os.path.isdir(path) and not _complete(path):
+            found.append(name)
+    return found
+
+
+def clean_leftovers(root: str, say=None) -> int:
+    """Remove leftovers(root), saying what and how many bytes; returns the bytes freed."""
+    freed = 0
+    for name in leftovers(root):
+        path = os.path.join(root, name)
+        size = _bytes_under(path)
+        try:
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        except FileNotFoundError:
+            continue
+        freed += size
+        if say is not None:
+            say(f"removed {path} ({size} bytes): left by a killed save or prune")
+    return freed
+
+
 def save_checkpoint(output_dir: str, step: int, model_state: dict[str, torch.Tensor], drafter_config: dict,
-                    train_state: dict, keep: int) -> str:
+                    train_state: dict, keep: int, say=None) -> str:
+    """`say` (a log function) hears of each leftover removed."""
     root = checkpoints_dir(output_dir)
     previous = _latest_name(root)
     try:
         os.makedirs(root, exist_ok=True)
-        for name in os.listdir(root):  # leftovers of a killed save
-            if name.startswith(".tmp-") or name == ".latest.tmp":
-                path = os.path.join(root, name)
-                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
-        return _write(root, step, model_state, drafter_config, train_state, keep)
+        clean_leftovers(root, say)
+        final = _write(root, step, model_state, drafter_config, train_state, keep)
+        clean_leftovers(root, say)  # an incomplete step-N is never pruned by count: it goes here
+        return final
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (inline_container)
         _remove_partial(root, step)
         free = shutil.disk_usage(root if os.path.isdir(root) else output_dir).free
@@ -150,10 +205,18 @@ def list_steps(root: str) -> list[tuple[int, str]]:
 
 
 def prune(root: str, keep: int, protect: str) -> None:
+    """All but the newest `keep` complete step-N dirs, each renamed out of the way first: a kill mid-delete leaves
+    a .pruning-step-N that clean_leftovers removes, never a step-N missing a file."""
     steps = list_steps(root)
     for _, path in steps[:-keep] if keep > 0 else []:
-        if os.path.basename(path) != protect:
-            shutil.rmtree(path, ignore_errors=True)
+        name = os.path.basename(path)
+        if name != protect:
+            doomed = os.path.join(root, f".pruning-{name}")
+            os.rename(path, doomed)
+            pause = float(os.environ.get("DFLASH_DEBUG_PRUNE_PAUSE_S", "0"))
+            if pause > 0:  # test hook: widens the window in which a kill hits a prune
+                time.sleep(pause)
+            shutil.rmtree(doomed, ignore_errors=True)
 
 
 def find_latest(output_dir: str) -> str | None:

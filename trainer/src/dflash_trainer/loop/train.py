@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
+from dflash_trainer.loop.checkpoint import checkpoints_dir, clean_leftovers, find_latest, load_checkpoint
 from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids
 from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
 from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
@@ -233,6 +233,7 @@ def resume(cfg: TrainConfig, drafter, optimizer, drafter_cfg: DrafterConfig,
            init_state: dict | None) -> tuple[TrainState, str | None]:
     """The train state of the latest checkpoint under --output-dir (its weights and optimizer state loaded), or
     a fresh one (with --init-drafter's weights); and the checkpoint resumed from."""
+    clean_leftovers(checkpoints_dir(cfg.output_dir), log)  # what a kill mid-save or mid-prune left
     resume_from = find_latest(cfg.output_dir)
     if resume_from is None:
         if init_state is not None:

@@ -159,8 +159,9 @@ def test_status_of_a_job_that_lost_a_rank_is_not_alive_and_a_restart_replaces_it
     assert json.loads((run_dir / "stopped.json").read_text())["pid"] == agent.pid
 
 
-def test_pid_files_left_by_a_sigkilled_job_are_dead_ranks_and_nothing_fails(job):
-    # a SIGKILLed rank cannot remove its pid file (every other exit does): the files name processes that are gone
+def test_pid_files_left_by_a_sigkilled_job_are_retired_by_the_next_status_and_nothing_fails(job):
+    # a SIGKILLed rank cannot remove its pid file (every other exit does): the files name processes that are gone;
+    # the next status retires them (rank_ends.retire_stale), and names no rank: they all went with their agent
     run_dir, agent, ranks, req = _launched_two_rank_job(job)
     for proc in [agent] + ranks:
         proc.send_signal(signal.SIGKILL)
@@ -168,9 +169,51 @@ def test_pid_files_left_by_a_sigkilled_job_are_dead_ranks_and_nothing_fails(job)
     assert sorted(os.listdir(run_dir / "ranks")) == ["0.pid", "1.pid"]
     res = run_status.status(dict(req))
     assert res["alive"] is False and res["pid"] is None
-    assert [(r["rank"], r["pid"], r["alive"]) for r in res["ranks"]] == [(0, ranks[0].pid, False),
-                                                                          (1, ranks[1].pid, False)]
+    assert res["ranks"] == [] and sorted(os.listdir(run_dir / "ranks")) == ["0.end.json", "1.end.json"]
+    assert res["failed_rank"] is None
     assert res["state"].startswith("crashed"), res["state"]  # not "failing" nor "rank ... is left"
     assert run_status.conflicting_runs(req)[0] == []  # nothing to stop before a relaunch
     info = job_ranks.stop_job(None, str(run_dir), job[2], grace_s=1)
     assert info["ranks"] == [] and info["signal"] == "SIGTERM" and signals(run_dir) == []
+
+
+def test_a_stale_rank_file_is_retired_by_the_next_status_and_the_killed_rank_named_first(job):
+    """The agent SIGKILLed took its ranks with it (here: each killed by its pid): their pid files stay behind. The
+    next status lists no gone rank any more, and names the rank killed from outside, with its signal as the
+    agent logged it, before the error a peer wrote on its way out (rank_ends.py)."""
+    run_dir, start, launch = job
+    agent = start("agent")
+    ranks = [start("rank0", rank=0), start("rank1", rank=1)]
+    (run_dir / "launch.json").write_text(json.dumps(dict(launch, argv=["x"])))
+    (run_dir / "pid").write_text("%d\n" % agent.pid)
+    ranks[1].kill()
+    ranks[1].wait()
+    (run_dir / "ranks" / "0.end.json").write_text(json.dumps({  # the peer's knock-on error, as dist_train writes it
+        "rank": 0, "role": "target", "pid": ranks[0].pid, "rc": 1, "at": time.time(),
+        "error": "RuntimeError: sending hidden states failed: Connection reset by peer GLHF! 🏖️"}))
+    (run_dir / "ranks" / "0.pid").unlink()
+    ranks[0].kill()
+    agent.kill()
+    for p in (ranks[0], agent):
+        p.wait()
+    (run_dir / "train.log").write_text(
+        "E1203 torch/distributed/elastic/multiprocessing/api.py:1003] failed (exitcode: -9) local_rank: 1 (pid: %d) "
+        "of binary: dflash-train\n" % ranks[1].pid)
+    out = run_status.status({"run": "r1", "run_dir": str(run_dir)})
+    assert out["ranks"] == [] and not (run_dir / "ranks" / "1.pid").exists()  # retired, not listed as gone
+    assert out["failed_rank"] == {"rank": 1, "role": "drafter", "pid": ranks[1].pid, "rc": -9,
+                                  "exit": "killed by SIGKILL"}
+    assert out["state"].startswith("crashed (rank 1 drafter (pid %d) killed by SIGKILL; then " % ranks[1].pid), \
+        out["state"]
+    again = run_status.status({"run": "r1", "run_dir": str(run_dir)})  # the cause stays known once retired
+    assert again["failed_rank"] == out["failed_rank"] and again["state"] == out["state"]
+
+
+def test_a_rank_pid_file_of_a_reused_pid_is_retired(job):
+    run_dir, start, launch = job
+    (run_dir / "launch.json").write_text(json.dumps(dict(launch, argv=["x"])))
+    other = start("agent")  # a live process that is no rank of this run: the pid was reused
+    (run_dir / "ranks" / "0.pid").write_text("%d\n" % other.pid)
+    out = run_status.status({"run": "r1", "run_dir": str(run_dir)})
+    assert out["ranks"] == [] and not (run_dir / "ranks" / "0.pid").exists()
+    assert other.poll() is None  # never signalled

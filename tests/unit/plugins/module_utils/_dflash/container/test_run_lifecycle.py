@@ -270,12 +270,12 @@ def test_a_crashing_trainer_fails_with_its_status_and_log_tail(runs_root, capsys
     req = make_req(runs_root, trainer_args={"crash": 3})
     with pytest.raises(run_lifecycle.LifecycleError) as exc:
         run_lifecycle.change(req)
-    assert "exited with status 3" in str(exc.value)
+    assert "failed right after launch (exit 3)" in str(exc.value)
     facts = exc.value.facts
     assert facts["rc"] == 3 and any("crashing at start with status 3" in line for line in facts["log_tail"])
     assert "launch" in facts["timings"]
     out = run_main(make_req(runs_root, trainer_args={"crash": 4}), capsys)
-    assert out["failed"] is True and out["rc"] == 4 and "exited with status 4" in out["msg"]
+    assert out["failed"] is True and out["rc"] == 4 and "failed right after launch (exit 4)" in out["msg"]
     assert any("status 4" in line for line in out["log_tail"])
     assert len(list((runs_root / "r1").glob("train.*.log"))) == 1  # the first crash's log was kept
 
@@ -466,8 +466,10 @@ def test_a_reused_pid_is_not_the_run_and_is_never_stopped(runs_root):
 
 def test_log_tail_reads_the_last_lines(tmp_path):
     path = tmp_path / "train.log"
-    path.write_bytes(b"".join(b"line %d\n" % i for i in range(100000)) + b"\xff\xfe last")
-    assert run_status.log_tail(str(path), 3) == ["line 99998", "line 99999", "\ufffd\ufffd last"]
+    path.write_bytes(b"".join(b"line %d\n" % i for i in range(100000)) + "GLHF! 🏖️ café\x07.\n".encode()
+                     + b"\xff\xfe last")
+    # plain ASCII (issue 37: gloo's emoji made Ansible print the whole summary as one escaped string)
+    assert run_status.log_tail(str(path), 3) == ["line 99999", "GLHF!  cafe .", " last"]
     assert run_status.log_tail(str(tmp_path / "absent.log"), 3) == []
 
 
@@ -790,5 +792,22 @@ def test_a_command_that_does_not_answer_the_check_is_refused_with_its_last_lines
 def test_a_launch_that_dies_after_the_stop_names_the_trainers_error_line(runs_root):
     with pytest.raises(run_lifecycle.LifecycleError) as exc:
         run_lifecycle.change(make_req(runs_root, trainer_args={"crash": 3}))
-    assert str(exc.value).startswith("the trainer exited with status 3 right after launch: fake_trainer: crashing "
+    assert str(exc.value).startswith("the trainer failed right after launch (exit 3): fake_trainer: crashing "
                                       "at start with status 3 (as asked); see log_tail (")
+
+
+def test_the_same_bad_launch_has_one_wording_whatever_is_seen_first(runs_root):
+    """A trainer that fails at start writes its `failed` heartbeat and exits 2: whether the lifecycle sees the exit
+    first (it follows at once) or the heartbeat first (the exit comes 1 s later), the line is the same, plain text."""
+    lines = []
+    for after in (0.0, 1.0):
+        req = make_req(runs_root, trainer_args={"fail": "the data dir /d is empty 🏖️\x07; give one",
+                                                "fail_exit_after": after})
+        with pytest.raises(run_lifecycle.LifecycleError) as exc:
+            run_lifecycle.change(req)
+        assert exc.value.facts["rc"] == 2
+        lines.append(str(exc.value))
+    assert lines[0] == lines[1], lines
+    assert lines[0].startswith("the trainer failed right after launch (exit 2): the data dir /d is empty ; give "
+                               "one; see log_tail ("), lines[0]
+    assert lines[0].isascii()

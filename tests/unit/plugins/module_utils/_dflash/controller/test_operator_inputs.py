@@ -85,3 +85,15 @@ def test_a_run_configuration_of_a_wrong_type_names_its_path(runs, msg):
 def test_the_role_used_directly_names_its_own_variables():
     with pytest.raises(InputError, match="^undeclared run x: declared runs are a \\(training_runs\\)"):
         check({"training_run_name": "x", "training_runs": {"a": {}}})
+
+
+def test_a_templated_run_name_is_refused_as_a_template_before_templating():
+    from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.operator_inputs import (
+        InputError, refuse_templated_run)
+    refuse_templated_run("slammed5")  # a plain name passes, and no name at all (check() says so)
+    refuse_templated_run(None)
+    with pytest.raises(InputError) as e:
+        refuse_templated_run("{{ lookup('pipe', 'id') }}")
+    assert str(e.value).startswith("run \"{{ lookup('pipe', 'id') }}\" is a template: Ansible templates -e "
+                                   "values")
+    assert "python -m dflash_ops restart NAME" in str(e.value)
