@@ -1,0 +1,113 @@
+"""Time per kind of decoder layer inside the target's real forward (issue 31), and the ways of compiling each kind
+that target_forward.py compares. The compiling itself is FrozenTarget.compile_layers with a table of kind -> how
+(model/target.py's COMPILE_BY_KIND is the kept one); this file only times and undoes it.
+
+Each decoder layer is wrapped in TimedLayer, which records a CUDA event before and after the layer (after the layer
+was compiled: the events stay outside the graph), so the seconds of each kind come from the same forwards that the
+whole-forward time does. The FLOP of a layer: 2 x its parameters x tokens, plus, for full attention, the causal
+attention (4 x heads x head_dim x B x T(T+1)/2); a Gated DeltaNet layer's own recurrence is not counted.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from dflash_trainer.model.target import AROUND_KERNELS, COMPILED, COMPILE_BY_KIND, EAGER, layer_kinds
+
+# Strategies compared by --target-layers kinds: kind -> how ("default": layers of families without layer_types).
+STRATEGIES = {
+    "eager": {"default": EAGER},
+    "linear-eager": {"default": COMPILED, "full_attention": COMPILED, "linear_attention": EAGER},
+    "all-compiled": {"default": COMPILED},  # fla's kernel traced by the compiler too
+    "by-kind": COMPILE_BY_KIND,  # what dflash-train runs
+}
+KIND_ORDER = ("linear_attention", "full_attention", "default")
+
+
+def decoder_layers(target):
+    return target.model.model.layers
+
+
+def uncompile(target) -> None:
+    """Back to eager: the layers' compiled calls dropped, dynamo's caches cleared, the kernel made opaque by
+    make_kernels_opaque put back."""
+    import torch
+    for layer in decoder_layers(target):
+        layer._compiled_call_impl = None
+        attn = getattr(layer, "linear_attn", None)
+        module = sys.modules.get(type(attn).__module__) if attn is not None else None
+        fn = getattr(module, "torch_chunk_gated_delta_rule", None)
+        if getattr(fn, "_dflash_opaque", False):
+            setattr(module, "torch_chunk_gated_delta_rule", fn._dflash_original)
+    torch._dynamo.reset()
+
+
+class TimedLayers:
+    """Wraps each decoder layer (a ModuleList of TimedLayer) while in use; `per_kind()`: median ms per layer."""
+
+    def __init__(self, target):
+        import torch
+
+        class TimedLayer(torch.nn.Module):
+            def __init__(self, inner, kind, marks):
+                super().__init__()
+                self.inner, self.kind, self.marks = inner, kind, marks
+
+            def forward(self, *args, **kwargs):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = self.inner(*args, **kwargs)
+                end.record()
+                self.marks.append((self.kind, start, end))
+                return out
+
+        self.torch, self.target, self.marks, self.calls = torch, target, [], []
+        self.inner = decoder_layers(target)
+        self.kinds = layer_kinds(target.config, len(self.inner))
+        self.wrapped = torch.nn.ModuleList(TimedLayer(layer, kind, self.marks)
+                                           for layer, kind in zip(self.inner, self.kinds))
+
+    def __enter__(self):
+        self.target.model.model.layers = self.wrapped
+        return self
+
+    def __exit__(self, *exc):
+        self.target.model.model.layers = self.inner
+
+    def call(self, fn):
+        """fn() once, its layers' events collected (after a synchronize) into one {kind: ms of all its layers}."""
+        self.marks.clear()
+        out = fn()
+        self.torch.cuda.synchronize()
+        sums = {}
+        for kind, start, end in self.marks:
+            sums[kind] = sums.get(kind, 0.0) + start.elapsed_time(end)
+        self.calls.append(sums)
+        return out
+
+    def per_kind(self) -> dict:
+        """{kind: {"layers": n, "ms_per_layer": median over calls of (ms of the kind's layers / n)}}."""
+        counts = {k: self.kinds.count(k) for k in set(self.kinds)}
+        out = {}
+        for kind in sorted(counts, key=KIND_ORDER.index):
+            values = sorted(c[kind] / counts[kind] for c in self.calls)
+            out[kind] = {"layers": counts[kind], "ms_per_layer": values[len(values) // 2]}
+        return out
+
+
+def kind_params(target) -> dict:
+    """{kind: parameters of one layer of that kind} (the layers of a kind have one shape)."""
+    layers = decoder_layers(target)
+    out = {}
+    for layer, kind in zip(layers, layer_kinds(target.config, len(layers))):
+        out.setdefault(kind, sum(p.numel() for p in layer.parameters()))
+    return out
+
+
+def layer_flop(shape: dict, kind: str, params: int) -> float:
+    """FLOP of one layer of `kind` for one forward of shape["batch"] sequences of shape["seq_len"] tokens."""
+    B, T = shape["batch"], shape["seq_len"]
+    flop = 2 * params * B * T
+    if kind != "linear_attention":
+        flop += 4 * shape["heads"] * shape["head_dim"] * B * T * (T + 1) / 2
+    return flop
