@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import sys
 
-from dflash_trainer.model.target import AROUND_KERNELS, COMPILED, COMPILE_BY_KIND, EAGER, layer_kinds
+from dflash_trainer.model.target import AROUND_KERNELS, AROUND_KERNELS_SHIFTS, COMPILED, COMPILE_BY_KIND, EAGER, layer_kinds
 
 # Strategies compared by --target-layers kinds: kind -> how ("default": layers of families without layer_types).
 STRATEGIES = {
     "eager": {"default": EAGER},
     "linear-eager": {"default": COMPILED, "full_attention": COMPILED, "linear_attention": EAGER},
     "all-compiled": {"default": COMPILED},  # fla's kernel traced by the compiler too
+    "around-fla": {"default": COMPILED, "full_attention": COMPILED, "linear_attention": AROUND_KERNELS},
+    "around-fla-shifts": {"default": COMPILED, "full_attention": COMPILED, "linear_attention": AROUND_KERNELS_SHIFTS},
     "by-kind": COMPILE_BY_KIND,  # what dflash-train runs
 }
 KIND_ORDER = ("linear_attention", "full_attention", "default")
@@ -36,9 +38,10 @@ def uncompile(target) -> None:
         layer._compiled_call_impl = None
         attn = getattr(layer, "linear_attn", None)
         module = sys.modules.get(type(attn).__module__) if attn is not None else None
-        fn = getattr(module, "torch_chunk_gated_delta_rule", None)
-        if getattr(fn, "_dflash_opaque", False):
-            setattr(module, "torch_chunk_gated_delta_rule", fn._dflash_original)
+        for name in ("torch_chunk_gated_delta_rule", "causal_conv1d_fn"):
+            fn = getattr(module, name, None)
+            if hasattr(fn, "_dflash_original"):
+                setattr(module, name, fn._dflash_original)
     torch._dynamo.reset()
 
 

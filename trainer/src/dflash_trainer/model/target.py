@@ -13,11 +13,13 @@ import torch
 
 
 EAGER, COMPILED, AROUND_KERNELS = "eager", "compiled", "compiled around the fla kernel"
-# How each kind of decoder layer runs on one GPU, kept from measurements on one H200 at the real shapes
-# (benchmarks/target_forward.py; trainer/README.md "Speed"). Qwen3/Llama layers ("default") and full attention:
-# compiled (13.8 -> 11.5 ms per 27B-shaped layer). Gated DeltaNet with fla: the layer compiled with fla's chunked
-# kernel left out of the graph (AROUND_KERNELS); fla traced by the compiler is slower than eager (24.2 vs 15.0 ms).
-COMPILE_BY_KIND = {"default": COMPILED, "full_attention": COMPILED, "linear_attention": AROUND_KERNELS}
+AROUND_KERNELS_SHIFTS = "compiled around the fla kernel, conv as shifted sums"
+# How each kind of decoder layer runs on one GPU, kept from measurements on one H200 at the real shapes (8,192
+# tokens; benchmarks/target_forward.py --preset qwen3.6-27b --target-layers kinds; trainer/results/
+# target-forward-qwen3.6-27b-h200-2026-12-03-*). Qwen3/Llama layers ("default") and full attention: compiled (13.0 ->
+# 10.2 ms per 27B-shaped layer). Gated DeltaNet with fla: eager 15.2 ms; compiled with fla's kernel traced 23.6 ms;
+# compiled around fla's kernel 12.8 ms; the same with the conv as shifted sums 11.5 ms (AROUND_KERNELS_SHIFTS).
+COMPILE_BY_KIND = {"default": COMPILED, "full_attention": COMPILED, "linear_attention": AROUND_KERNELS_SHIFTS}
 
 
 def layer_kinds(config, num_layers: int) -> list[str]:
@@ -29,11 +31,31 @@ def layer_kinds(config, num_layers: int) -> list[str]:
     return [types[i] if has_linear and i < len(types) else "default" for i in range(num_layers)]
 
 
-def make_kernels_opaque(layer) -> bool:
+def shifted_causal_conv(hidden_states, weight, bias=None, activation=None, **_kwargs):
+    """transformers' causal_conv1d_fn (the Gated DeltaNet's depthwise causal conv, kernel 4, then SiLU) as a sum of
+    shifted inputs times the taps' weights: elementwise, so the compiler fuses it with the activation and the casts
+    into one kernel, where F.conv1d is a separate depthwise convolution (causal-conv1d has no wheel on PyPI).
+    hidden_states (B, C, T), weight (C, K)."""
+    import torch.nn.functional as F
+    from transformers.activations import ACT2FN
+    K, T = weight.shape[-1], hidden_states.shape[-1]
+    x = F.pad(hidden_states.to(weight.dtype), (K - 1, 0))
+    out = x[..., 0:T] * weight[:, 0:1]
+    for k in range(1, K):
+        out = out + x[..., k:k + T] * weight[:, k:k + 1]
+    if bias is not None:
+        out = out + bias[:, None]
+    if activation is not None:
+        out = ACT2FN[activation](out)
+    return out.to(hidden_states.dtype)
+
+
+def make_kernels_opaque(layer, conv_shifts: bool = False) -> bool:
     """Leave the layer's gated-delta-rule kernel out of the compiled graph (a graph break around it): transformers
     calls it through a module global of the layer's modeling file, which resolves to fla's Triton kernel when fla
     imports. Compiling the rest (projections, conv, gates, norms, MLP) keeps the fusion; tracing fla's kernel is what
     made the compiled layer slow. False (nothing changed) when the layer has no such kernel or fla does not import."""
+    import functools
     import sys
     import torch
     attn = getattr(layer, "linear_attn", None)
@@ -41,7 +63,7 @@ def make_kernels_opaque(layer) -> bool:
     fn = getattr(module, "torch_chunk_gated_delta_rule", None)
     if fn is None:
         return False
-    if getattr(fn, "_dflash_opaque", False):
+    if getattr(fn, "_dflash_opaque", False):  # another layer of the model did it
         return True
     from dflash_trainer.model.target_kernels import found_kernels
     if not found_kernels()["fla"]:
@@ -49,6 +71,11 @@ def make_kernels_opaque(layer) -> bool:
     opaque = torch.compiler.disable(fn, recursive=True)
     opaque._dflash_opaque, opaque._dflash_original = True, fn
     setattr(module, "torch_chunk_gated_delta_rule", opaque)
+    conv = getattr(module, "causal_conv1d_fn", None)
+    if conv_shifts and conv is not None and not found_kernels()["causal_conv1d"]:
+        shifts = functools.wraps(conv)(shifted_causal_conv)
+        shifts._dflash_original = conv
+        setattr(module, "causal_conv1d_fn", shifts)
     return True
 
 
@@ -96,7 +123,8 @@ class FrozenTarget:
         done = {}
         for layer, kind in zip(layers, kinds):
             how = by_kind.get(kind, by_kind.get("default", EAGER))
-            if how == AROUND_KERNELS and not make_kernels_opaque(layer):
+            if how in (AROUND_KERNELS, AROUND_KERNELS_SHIFTS) and not make_kernels_opaque(
+                    layer, conv_shifts=how == AROUND_KERNELS_SHIFTS):
                 how = f"{EAGER} (no fla: the compiler would unroll the torch fallback's chunk loop)"
             if not how.startswith(EAGER):
                 layer.compile()
