@@ -4,10 +4,12 @@ The seed's family (Qwen3.5/3.6: 48 Gated DeltaNet + 16 full-attention layers at 
 chunked gated delta rule through flash-linear-attention (`fla`, Triton kernels) when transformers can import it,
 else through transformers' own torch reference; and its short depthwise causal conv through `causal_conv1d` when
 that imports, else as `F.conv1d` (transformers' reference). On one H200 at the 27B shape (8,192 tokens) a DeltaNet
-layer took 15.0 ms with fla and 28.9 ms with the fallback (issue 31), so the fallback is refused on a GPU unless
-the operator opts in (DFLASH_SLOW_LINEAR_ATTENTION=1). The fast kernels are the trainer's `fla` extra
+layer took 11.5 ms with fla as dflash-train compiles it and 26.7 ms with the fallback (2026-12-03; eager: 15.2 vs
+26.5), the 64-layer forward 0.733 vs 1.432 s per sequence, so the fallback is refused on a GPU unless the operator
+opts in (DFLASH_SLOW_LINEAR_ATTENTION=1). The fast kernels are the trainer's `fla` extra
 (trainer/pyproject.toml; roles/trainer installs it). causal-conv1d has no wheel on PyPI (a source build against
-one CUDA toolkit), so the conv runs as F.conv1d everywhere: CONV_FALLBACK_NOTE says what that costs.
+one CUDA toolkit), so the conv runs as transformers' F.conv1d reference, which compiled DeltaNet layers replace by
+shifted sums the compiler fuses (model/target.py, shifted_causal_conv): CONV_FALLBACK_NOTE says what that costs.
 
 This mirrors transformers' own choice (integrations/hub_kernels.use_kernel_func_from_hub_with_fallback: import the
 package, then its ops module) without loading a model, so dflash-train --check can say it too.
@@ -26,7 +28,8 @@ LINEAR_ATTENTION = "linear_attention"
 KERNELS = {"fla": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", "flash-linear-attention"),
            "causal_conv1d": ("causal_conv1d", "causal_conv1d_fn", "causal-conv1d")}
 # The conv's cost without causal-conv1d, measured (benchmarks/target_forward.py --preset qwen3.6-27b, issue 31).
-CONV_FALLBACK_NOTE = "no causal-conv1d wheel on PyPI; a small share of a DeltaNet layer's time"
+CONV_FALLBACK_NOTE = ("no causal-conv1d wheel on PyPI; a compiled DeltaNet layer took 12.9 ms on an H200 with "
+                      "F.conv1d, 11.5 ms with the conv as shifted sums the compiler fuses, which dflash-train uses")
 
 
 def layer_types(config) -> list[str]:
@@ -62,10 +65,10 @@ def describe(found: dict, num_linear: int) -> str:
     if not num_linear:
         return "no linear-attention layers (nothing to choose)"
     attn = (f"flash-linear-attention {found['fla']} (chunked Triton kernels)" if found["fla"] else
-            "transformers' torch fallback (SLOW: about 1.9x per layer on an H200; the trainer's fla extra has "
+            "transformers' torch fallback (SLOW: 26.7 vs 11.5 ms per layer on an H200; the trainer's fla extra has "
             "the kernels)")
     conv = (f"causal-conv1d {found['causal_conv1d']}" if found["causal_conv1d"] else
-            f"torch F.conv1d reference ({CONV_FALLBACK_NOTE})")
+            f"torch ({CONV_FALLBACK_NOTE})")
     return f"{num_linear} linear-attention layers: gated delta rule by {attn}; causal conv by {conv}"
 
 
@@ -74,7 +77,7 @@ def refusal(found: dict, num_linear: int, on_gpu: bool, allow_slow: bool) -> str
     if not num_linear or not on_gpu or found["fla"] or allow_slow:
         return None
     return (f"the target's {num_linear} linear-attention layers would run transformers' torch fallback on the GPU "
-            f"(flash-linear-attention does not import here; about 1.9x slower per layer): install the trainer's "
+            f"(flash-linear-attention does not import here; 2.3x slower per layer on an H200): install the trainer's "
             f"'{FLA_EXTRA}' extra (pip install 'dflash_trainer[{FLA_EXTRA}]'; roles/trainer: dflash_trainer_extras "
             f"with {FLA_EXTRA}), or set DFLASH_SLOW_LINEAR_ATTENTION=1 to train with the fallback")
 
