@@ -128,6 +128,12 @@ def conflicting_runs(req):
     return found, own_pid, own_launch
 
 
+def kernel_fields(hb):
+    """Which linear-attention and conv code the target's layers run (dflash-train's `target kernels:` line, issue
+    31), from the heartbeat; absent from heartbeats of older trainers."""
+    return {"target_kernels": hb.get("target_kernels")}
+
+
 def status(req):
     run_dir = req["run_dir"]
     pid, launch_info, ranks, _left = run_processes(run_dir)
@@ -144,6 +150,7 @@ def status(req):
         for key in ("phase", "step", "epoch", "loss", "tokens_per_s", "queue_depth"):
             out[key] = hb.get(key)
         out["slowest_rank"] = slowest_rank(hb, now)
+        out.update(kernel_fields(hb))
         if not healthy and hb.get("phase") not in ("finished", "failed"):
             out["phase"] = "dead"
             out["dead_since"] = hb.get("updated_at")
