@@ -2,8 +2,9 @@
 that target_forward.py compares. The compiling itself is FrozenTarget.compile_layers with a table of kind -> how
 (model/target.py's COMPILE_BY_KIND is the kept one); this file only times and undoes it.
 
-Each decoder layer is wrapped in TimedLayer, which records a CUDA event before and after the layer (after the layer
-was compiled: the events stay outside the graph), so the seconds of each kind come from the same forwards that the
+Each decoder layer is wrapped in a TimedLayer (dflash-train --plan's, advisor/layer_timing.py), which records a
+CUDA event before and after the layer (after the layer was compiled: the events stay outside the graph), so the
+seconds of each kind come from the same forwards that the
 whole-forward time does. The FLOP of a layer: 2 x its parameters x tokens, plus, for full attention, the causal
 attention (4 x heads x head_dim x B x T(T+1)/2); a Gated DeltaNet layer's own recurrence is not counted.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import sys
 
-from dflash_trainer.model.target import AROUND_KERNELS, AROUND_KERNELS_SHIFTS, COMPILED, COMPILE_BY_KIND, EAGER, layer_kinds
+from dflash_trainer.advisor.layer_timing import TimedLayers, decoder_layers  # noqa: F401 (target_forward.py's)
+from dflash_trainer.model.target import (AROUND_KERNELS, AROUND_KERNELS_SHIFTS, COMPILED, COMPILE_BY_KIND, EAGER,
+                                         layer_kinds)
 
 # Strategies compared by --target-layers kinds: kind -> how ("default": layers of families without layer_types).
 STRATEGIES = {
@@ -23,11 +26,6 @@ STRATEGIES = {
     "around-fla-shifts": {"default": COMPILED, "full_attention": COMPILED, "linear_attention": AROUND_KERNELS_SHIFTS},
     "by-kind": COMPILE_BY_KIND,  # what dflash-train runs
 }
-KIND_ORDER = ("linear_attention", "full_attention", "default")
-
-
-def decoder_layers(target):
-    return target.model.model.layers
 
 
 def uncompile(target) -> None:
@@ -43,59 +41,6 @@ def uncompile(target) -> None:
             if hasattr(fn, "_dflash_original"):
                 setattr(module, name, fn._dflash_original)
     torch._dynamo.reset()
-
-
-class TimedLayers:
-    """Wraps each decoder layer (a ModuleList of TimedLayer) while in use; `per_kind()`: median ms per layer."""
-
-    def __init__(self, target):
-        import torch
-
-        class TimedLayer(torch.nn.Module):
-            def __init__(self, inner, kind, marks):
-                super().__init__()
-                self.inner, self.kind, self.marks = inner, kind, marks
-
-            def forward(self, *args, **kwargs):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = self.inner(*args, **kwargs)
-                end.record()
-                self.marks.append((self.kind, start, end))
-                return out
-
-        self.torch, self.target, self.marks, self.calls = torch, target, [], []
-        self.inner = decoder_layers(target)
-        self.kinds = layer_kinds(target.config, len(self.inner))
-        self.wrapped = torch.nn.ModuleList(TimedLayer(layer, kind, self.marks)
-                                           for layer, kind in zip(self.inner, self.kinds))
-
-    def __enter__(self):
-        self.target.model.model.layers = self.wrapped
-        return self
-
-    def __exit__(self, *exc):
-        self.target.model.model.layers = self.inner
-
-    def call(self, fn):
-        """fn() once, its layers' events collected (after a synchronize) into one {kind: ms of all its layers}."""
-        self.marks.clear()
-        out = fn()
-        self.torch.cuda.synchronize()
-        sums = {}
-        for kind, start, end in self.marks:
-            sums[kind] = sums.get(kind, 0.0) + start.elapsed_time(end)
-        self.calls.append(sums)
-        return out
-
-    def per_kind(self) -> dict:
-        """{kind: {"layers": n, "ms_per_layer": median over calls of (ms of the kind's layers / n)}}."""
-        counts = {k: self.kinds.count(k) for k in set(self.kinds)}
-        out = {}
-        for kind in sorted(counts, key=KIND_ORDER.index):
-            values = sorted(c[kind] / counts[kind] for c in self.calls)
-            out[kind] = {"layers": counts[kind], "ms_per_layer": values[len(values) // 2]}
-        return out
 
 
 def kind_params(target) -> dict:

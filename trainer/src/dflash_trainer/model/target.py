@@ -80,13 +80,17 @@ def make_kernels_opaque(layer, conv_shifts: bool = False) -> bool:
 
 
 class FrozenTarget:
-    def __init__(self, model_dir: str, device: torch.device, layer_ids: list[int], need_last_hidden: bool,
-                 split_over: list[torch.device] | None = None):
+    def __init__(self, model_dir: str | None, device: torch.device, layer_ids: list[int], need_last_hidden: bool,
+                 split_over: list[torch.device] | None = None, model=None):
+        """`model`: an already built causal LM instead of loading `model_dir` (dflash-train --plan's random layers
+        of the real target's shape)."""
         from transformers import AutoModelForCausalLM
 
         # bf16 on GPU (the serving dtype); fp32 on CPU, where bf16 matmuls are slow and tests want exactness.
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        self.model = model.eval()
         self.layer_devices = None
         if split_over and len(split_over) > 1:
             from dflash_trainer.model.target_split import place_layers
