@@ -42,7 +42,7 @@ def verdict(configured: dict, best: dict) -> str | None:
     return (f"the configured split ({configured['target_gpus']} target + {configured['drafter_gpus']} drafter "
             f"GPUs) is predicted at {configured['seq_per_s']:.2f} seq/s, {configured['bound_by']}-bound; "
             f"{best['target_gpus']} + {best['drafter_gpus']} would give {best['seq_per_s']:.2f} "
-            f"({best['seq_per_s'] / configured['seq_per_s']:.2f}x): set --target-gpus/--drafter-gpus so "
+            f"({best['seq_per_s'] / configured['seq_per_s']:.2f}x): set --target-gpus/--drafter-gpus to that split "
             f"(dflash-train --plan)")
 
 

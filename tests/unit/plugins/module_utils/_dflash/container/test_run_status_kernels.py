@@ -35,3 +35,18 @@ def test_status_shows_the_target_kernels_line(run_dir):
 
 def test_an_older_trainers_heartbeat_has_none(run_dir):
     assert status_of(run_dir)["target_kernels"] is None
+
+
+def test_status_shows_the_plan_warning_from_plan_json(run_dir):
+    from dflash_trainer.advisor import predict
+    from dflash_trainer.telemetry.heartbeat import write_json_atomic
+    configured, best = predict.split_rate(5, 3, 0.709, 0.919), predict.split_rate(4, 4, 0.709, 0.919)
+    warning = predict.verdict(configured, best)
+    assert warning and "4 + 4" in warning and "drafter-bound" in warning
+    write_json_atomic(str(run_dir / "plan.json"), {"configured": configured, "best": best, "warning": warning})
+    st = status_of(run_dir)
+    assert st["plan_warning"] == warning and st["plan_best_seq_per_s"] == pytest.approx(4 / 0.919)
+
+
+def test_no_plan_no_plan_fields(run_dir):
+    assert "plan_warning" not in status_of(run_dir)
