@@ -65,14 +65,20 @@ def test_install_twice_broken_install_and_restart_refusals(play, make_container,
     print(f"\n[harness] install_trainer.yml: first {r1.seconds:.1f}s (in-container {res1['timings']}), "
           f"no-op re-run {r2.seconds:.1f}s")
 
-    # The fp8 extra (torchao, the FP8 drafter linears; the harness inventory installs no extras on its CPU
-    # containers): its pins join the install in another venv, and going back is a switch, not a reinstall.
-    r_fp8 = play(INSTALL, {"trainer_extras": ["fp8"]}, limit="ct200")
+    # The role's default extras, fp8 (torchao, the FP8 drafter linears) and fla (flash-linear-attention, the seed
+    # target's Gated DeltaNet kernels; the harness inventory installs no extras on its CPU containers): their pins
+    # join the install in another venv from the harness's wheel cache, offline, dflash-train --help runs there, and
+    # going back is a switch, not a reinstall.
+    r_fp8 = play(INSTALL, {"trainer_extras": ["fp8", "fla"]}, limit="ct200")
     outcome, res_fp8 = install_result(r_fp8)
     assert r_fp8.rc == 0 and outcome == "ok" and res_fp8["changed"] and res_fp8["installed"], res_fp8
     assert res_fp8["key"] != res1["key"] and ct.sh(f"readlink {LINK}").stdout.strip() == res_fp8["venv"]
-    assert "torchao==0.18.0" in ct.read_json(f"{LINK}/dflash-install.json")["pins"]
+    pins = ct.read_json(f"{LINK}/dflash-install.json")["pins"]
+    assert "torchao==0.18.0" in pins and "flash-linear-attention==0.6.0" in pins and "fla-core==0.6.0" in pins
     assert ct.sh(f"{LINK}/bin/python -c 'import torchao.float8'", check=False).returncode == 0
+    shown = ct.sh(f"{LINK}/bin/python -m pip show flash-linear-attention fla-core einops", check=False)
+    assert shown.returncode == 0 and shown.stdout.count("Version: ") == 3, shown.stdout
+    assert ct.sh(f"{LINK}/bin/dflash-train --help", check=False).returncode == 0
     assert ct.sh(f"{res1['venv']}/bin/python -c 'import torchao'", check=False).returncode != 0
     r_back = play(INSTALL, limit="ct200")
     outcome, res_back = install_result(r_back)

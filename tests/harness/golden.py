@@ -38,7 +38,7 @@ HEAVY_REQUIREMENTS = [
 ]
 # The trainer's extras whose pinned wheels the cache also holds (never in the golden venv): the container tests
 # install them through the trainer role's trainer_extras.
-CACHED_EXTRAS = ["fp8"]
+CACHED_EXTRAS = ["fp8", "fla"]
 PREFIX = "dflash-golden-"
 MARKER = "dflash-golden.json"  # written next to the container's config once the build completed
 

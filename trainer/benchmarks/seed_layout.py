@@ -202,8 +202,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"seed_layout.py: error: {e}", file=sys.stderr)
         return 2
-    if cuda and max(t + d for t, d, _ in layouts) > torch.cuda.device_count():
-        print(f"seed_layout.py: error: a split needs {max(t + d for t, d, _ in layouts)} GPUs, "
+    # GPUs a job needs: its split's, or the distinct indexes of the given layout (a target and a drafter rank may
+    # share one GPU: the advisor's one-GPU check, issue 31)
+    need = max(t + d for t, d, _ in layouts) if args.splits else len(set(train["target_gpus"] + train["drafter_gpus"]))
+    if cuda and need > torch.cuda.device_count():
+        print(f"seed_layout.py: error: a split needs {need} GPUs, "
               f"{torch.cuda.device_count()} are visible; give --splits that fit", file=sys.stderr)
         return 2
     if args.inputs_only and not args.work_dir:

@@ -3,6 +3,14 @@
     python -m benchmarks.target_forward --preset qwen3-8b --out $OUT/target-forward.json   # one H200
     python -m benchmarks.target_forward --preset qwen3-8b --num-layers 12 --profile        # + time per part
     python -m benchmarks.target_forward --preset tiny-cpu                                  # CPU, seconds
+    python -m benchmarks.target_forward --preset qwen3.6-27b --target-layers kinds          # the seed's family
+
+The seed's family (--preset qwen3.6-27b: Qwen3.6-27B's text shape, 6 Gated DeltaNet + 2 full-attention layers of
+the real size; the 27B has 48 + 16): `--target-layers kinds` times each way of compiling each layer kind
+(layer_kinds.STRATEGIES, model/target.py's COMPILE_BY_KIND last), per kind (CUDA events around each layer) and for
+the whole forward, and projects the 64-layer model: 48 x its DeltaNet ms + 16 x its full-attention ms + the rest of
+the measured forward (embedding, final norm), against its FLOP. The `target kernels:` line says which
+linear-attention code ran (fla, or transformers' torch fallback when fla does not import).
 
 The target has random weights: a transformers Qwen3Config / Qwen3ForCausalLM of the preset's shape, written with
 save_pretrained (pipeline.write_target) and loaded by dflash_trainer.model.target.FrozenTarget exactly as dflash-train
@@ -30,7 +38,9 @@ import time
 
 from dflash_trainer import cli
 from dflash_trainer.config import default_target_layer_ids
+from dflash_trainer.model import target_kernels
 
+from . import layer_kinds
 from .matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
 from .pipeline import target_flop_per_token, write_target
 from .preset_args import parse_with_preset
@@ -44,6 +54,18 @@ PRESETS = {
     # Qwen3-8B's shape (hidden 4096, 36 layers, 32 heads x 128, 8 KV heads, MLP 12288, vocab 151,936).
     "qwen3-8b": (dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936,
                       seq_len=8192, batch=1, steps=10, warmup=3), ["--device", "cuda"]),
+    # Qwen3.6-27B's text model (Qwen3.5-27B's shape): hidden 5120, 24 heads x 256, 4 KV heads, MLP 17,408, vocab
+    # 248,320, Gated DeltaNet heads 16 key / 48 value x 128; every 4th layer full attention. 8 layers (6 + 2) fit a
+    # call; full_model: the 27B's layers per kind, for the projection.
+    "qwen3.6-27b": (dict(family="qwen3_5", hidden=5120, layers=8, heads=24, kv_heads=4, head_dim=256,
+                         intermediate=17408, vocab=248320, linear_key_heads=16, linear_value_heads=48,
+                         linear_head_dim=128, seq_len=8192, batch=1, steps=6, warmup=2,
+                         full_model={"linear_attention": 48, "full_attention": 16}), ["--device", "cuda"]),
+    # The tiny hybrid target (dflash-make-tiny --family qwen3_5's shape; the CPU test of the kinds mode).
+    "qwen3.5-tiny-cpu": (dict(family="qwen3_5", hidden=64, layers=8, heads=4, kv_heads=2, head_dim=16,
+                              intermediate=128, vocab=512, linear_key_heads=2, linear_value_heads=4,
+                              linear_head_dim=16, seq_len=128, batch=1, steps=2, warmup=1,
+                              full_model={"linear_attention": 48, "full_attention": 16}), ["--device", "cpu"]),
     # The dflash-make-tiny target's shape (the CPU demo and tests).
     "tiny-cpu": (dict(hidden=64, layers=8, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
                       seq_len=256, batch=2, steps=3, warmup=1), ["--device", "cpu"]),
@@ -58,9 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name in OVERRIDES:
         g.add_argument(f"--{name}", type=int, default=None)
     p.add_argument("--profile", action="store_true", help="after timing, profile a few forwards: time per part")
-    p.add_argument("--target-layers", choices=["default", "eager", "both"], default="default",
+    p.add_argument("--target-layers", choices=["default", "eager", "both", "kinds"], default="default",
                    help="default: as dflash-train runs the target (decoder layers compiled on CUDA unless "
-                        "DFLASH_EAGER_TARGET=1); both: eager, then compiled, same process and weights")
+                        "DFLASH_EAGER_TARGET=1); both: eager, then compiled, same process and weights; kinds: "
+                        "each of layer_kinds.STRATEGIES, with the time per layer kind (CUDA)")
+    p.add_argument("--strategies", default=",".join(layer_kinds.STRATEGIES),
+                   help="--target-layers kinds: which of layer_kinds.STRATEGIES, comma-separated (default: all)")
     p.add_argument("--work-dir", default=None, help="where the random target is written (default: a temporary "
                                                     "dir, removed once loaded)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -79,6 +104,10 @@ def parse_args(argv):
                 print(f"target_forward.py: error: --{name} is {value}; it must be at least 1", file=sys.stderr)
                 raise SystemExit(2)
             shape["layers" if name == "num-layers" else name.replace("-", "_")] = value
+    unknown = set(args.strategies.split(",")) - set(layer_kinds.STRATEGIES)
+    if unknown:
+        build_parser().error(f"--strategies: unknown {', '.join(sorted(unknown))}; choose from "
+                             f"{', '.join(layer_kinds.STRATEGIES)}")
     try:  # dflash-train's environment knob, read (and refused in one line) before anything runs
         args.compile_default = cli.env_setting("compile_target")
     except ValueError as exc:
@@ -89,9 +118,11 @@ def parse_args(argv):
 def forward_flop(shape: dict, layer_params: int) -> dict:
     """FLOP of one forward of shape["batch"] sequences (module docstring), split into layers and attention."""
     tokens = shape["batch"] * shape["seq_len"]
-    total = target_flop_per_token(shape, layer_params, shape["seq_len"]) * tokens
+    # the seed's family: attention FLOP in its full-attention layers only (every 4th), none for Gated DeltaNet
+    attn_shape = dict(shape, layers=shape["layers"] // 4) if shape.get("family") == "qwen3_5" else shape
     layers = 2 * layer_params * tokens
-    return {"layers": layers, "attention": total - layers, "total": total}
+    attention = target_flop_per_token(attn_shape, 0, shape["seq_len"]) * tokens
+    return {"layers": layers, "attention": attention, "total": layers + attention}
 
 
 def main(argv=None) -> int:
@@ -112,7 +143,8 @@ def main(argv=None) -> int:
     work = args.work_dir or tempfile.mkdtemp(prefix="dflash-target-forward-")
     try:
         t0 = time.perf_counter()
-        made = write_target(torch, os.path.join(work, "target"), {**s}, device)
+        writer = write_hybrid_target if s.get("family") == "qwen3_5" else write_target
+        made = writer(torch, os.path.join(work, "target"), {**s}, device)
         target = FrozenTarget(os.path.join(work, "target"), device, layer_ids,
                               need_last_hidden=train["use_soft_labels"])
         load_s = time.perf_counter() - t0
@@ -125,6 +157,11 @@ def main(argv=None) -> int:
     B, T = s["batch"], s["seq_len"]
     input_ids = torch.randint(0, s["vocab"] - 1, (B, T), generator=torch.Generator().manual_seed(0))
     flop = forward_flop(s, made["layer_params"])
+    kernels = target_kernels.describe(target_kernels.found_kernels(),
+                                      target_kernels.layer_types(target.config).count("linear_attention"))
+    print(f"target kernels: {kernels}", flush=True)
+    if args.target_layers == "kinds":
+        return run_kinds(args, s, train, target, input_ids, flop, peak, made, layer_ids, kernels, device)
     # as dflash-train runs the target (DFLASH_EAGER_TARGET)
     variants = {"both": [False, True], "eager": [False], "default": [args.compile_default]}[args.target_layers]
     results = []
@@ -157,6 +194,95 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return 0
+
+
+def write_hybrid_target(torch, path: str, shape: dict, device) -> dict:
+    """A random target of the seed's family (make_tiny.qwen3_5_config at the preset's shape), saved as the 27B is."""
+    from dflash_trainer.prep import make_tiny
+    config = make_tiny.qwen3_5_config(
+        num_layers=shape["layers"], hidden=shape["hidden"], vocab=shape["vocab"], heads=shape["heads"],
+        kv_heads=shape["kv_heads"], head_dim=shape["head_dim"], intermediate=shape["intermediate"],
+        linear_key_heads=shape["linear_key_heads"], linear_value_heads=shape["linear_value_heads"],
+        linear_head_dim=shape["linear_head_dim"], max_positions=max(shape["seq_len"] * 2, 4096),
+        initializer_range=0.02)
+    model = make_tiny.write_target(path, seed=0, config=config, device=str(device))
+    layer_params = sum(p.numel() for p in model.model.language_model.layers.parameters())
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"layer_params": layer_params, "config": config}
+
+
+def run_kinds(args, s, train, target, input_ids, flop, peak, made, layer_ids, kernels, device) -> int:
+    """--target-layers kinds: each strategy's whole forward and time per layer kind, and the 64-layer projection."""
+    if device.type != "cuda":  # the per-kind events are CUDA's; on the CPU only the forward runs once (the test)
+        taps, _ = target(input_ids)
+        print(f"kinds: {len(taps)} taps, {layer_kinds.layer_kinds(target.config, s['layers'])}")
+        return 0
+    params = layer_kinds.kind_params(target)
+    full = s.get("full_model") or {}
+    full_flop = sum(n * layer_kinds.layer_flop(s, kind, params[kind]) for kind, n in full.items())
+    print(f"FLOP rule: a layer = 2 x its parameters x tokens, + 4 x heads x head_dim x B x T(T+1)/2 for full "
+          f"attention (DeltaNet's recurrence not counted); parameters per layer {params}; 64-layer model "
+          f"{full} = {full_flop / 1e12:.1f} TFLOP per forward of {s['batch']} x {s['seq_len']} tokens", flush=True)
+    rows = []
+    for name in args.strategies.split(","):
+        by_kind = layer_kinds.STRATEGIES[name]
+        layer_kinds.uncompile(target)
+        how = target.compile_layers(by_kind)
+        times, _, warm_s = timed_calls(lambda _i: target(input_ids), s["warmup"], s["steps"], device)
+        median = times[len(times) // 2]
+        with layer_kinds.TimedLayers(target) as timed:
+            for _ in range(3):
+                timed.call(lambda: target(input_ids))
+        per_kind = timed.per_kind()
+        rest_ms = max(0.0, median * 1e3 - sum(k["layers"] * k["ms_per_layer"] for k in per_kind.values()))
+        for kind, k in per_kind.items():
+            k["tflops"] = layer_kinds.layer_flop(s, kind, params[kind]) / (k["ms_per_layer"] / 1e3) / 1e12
+            k["ratio_to_peak"] = k["tflops"] / peak["tflops"]
+        row = {"strategy": name, "by_kind": by_kind, "layers": how, "warmup_s": warm_s, "forward_s_median": median,
+               "forward_s_all": times, "ratio_to_peak": flop["total"] / median / 1e12 / peak["tflops"],
+               "per_kind": per_kind, "rest_ms": rest_ms}
+        if full and all(kind in per_kind for kind in full):
+            full_s = (sum(n * per_kind[kind]["ms_per_layer"] for kind, n in full.items()) + rest_ms) / 1e3
+            row["full_model"] = {"layers": full, "s_per_forward": full_s, "s_per_sequence": full_s / s["batch"],
+                                 "tflops": full_flop / full_s / 1e12,
+                                 "ratio_to_peak": full_flop / full_s / 1e12 / peak["tflops"]}
+        rows.append(row)
+        print_kinds_row(row, peak)
+    print("\n| strategy | " + " | ".join(f"{k} ms/layer (share of peak)" for k in rows[0]["per_kind"]) +
+          " | 64-layer s/seq | share of peak |")
+    for row in rows:
+        fm = row.get("full_model", {})
+        print(f"| {row['strategy']} | " + " | ".join(
+            f"{k['ms_per_layer']:.2f} ({k['ratio_to_peak']:.3f})" for k in row["per_kind"].values()) +
+            f" | {fm.get('s_per_sequence', float('nan')):.3f} | {fm.get('ratio_to_peak', float('nan')):.3f} |")
+    result = {"shape": s, "train_flags": train, "target_layer_ids": layer_ids, "layer_params": made["layer_params"],
+              "kind_params": params, "device": peak["device"], "peak": peak, "peak_tflops": peak["tflops"],
+              "target_kernels": kernels, "tflop_per_forward": {k: v / 1e12 for k, v in flop.items()},
+              "full_model_tflop_per_forward": full_flop / 1e12, "strategies": rows,
+              "max_memory_gb": torch_max_memory(device)}
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+def torch_max_memory(device) -> float | None:
+    import torch
+    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+
+
+def print_kinds_row(row: dict, peak: dict) -> None:
+    kinds = "; ".join(f"{kind} {k['layers']} x {k['ms_per_layer']:.2f} ms = {k['tflops']:.0f} TFLOP/s "
+                      f"({k['ratio_to_peak']:.3f})" for kind, k in row["per_kind"].items())
+    fm = row.get("full_model")
+    full = (f"; 64-layer model {fm['s_per_sequence']:.3f} s/seq, {fm['tflops']:.0f} TFLOP/s = "
+            f"{fm['ratio_to_peak']:.3f} of {peak['tflops']:.1f}") if fm else ""
+    print(f"[{row['strategy']}] {row['layers']}; warm-up {row['warmup_s']:.1f} s; forward "
+          f"{row['forward_s_median'] * 1e3:.1f} ms ({row['ratio_to_peak']:.3f} of peak); {kinds}; rest "
+          f"{row['rest_ms']:.1f} ms{full}", flush=True)
 
 
 def print_result(result: dict, B: int, T: int) -> None:

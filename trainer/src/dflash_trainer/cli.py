@@ -15,6 +15,9 @@ By wall clock (lr and noise follow the training time; a kept checkpoint at 2 and
     dflash-train ... --time-budget-min 10 --snapshot-minutes 2,5 --compile-warmup-batches 2 --epochs 100
 Check a configuration without running it (every problem one line, exit 2; `ok` and 0; config/preflight.py):
     dflash-train --check ...                 (WORLD_SIZE=N: as a torchrun job of N ranks)
+Predict the target:drafter split from one GPU's measurements (seconds per sequence of each stage, the rate of each
+split, the deepest hidden-state queue; plan.json in the run dir; advisor/):
+    dflash-train --plan ...
 Exit status: 0 finished (also after SIGTERM, which checkpoints first); 2 refused at start; 1 failed.
 
 The flags are not declared here: each is a field of config.TrainConfig (default, help, parsing, check), and
@@ -38,6 +41,7 @@ from dflash_trainer.telemetry.heartbeat import Heartbeat, write_json_atomic
 
 PROG = "dflash-train"
 CHECK_FLAG = "--check"
+PLAN_FLAG = "--plan"
 
 
 class UsageError(StartupError):
@@ -172,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     if CHECK_FLAG in argv:  # check the configuration, run nothing (config/preflight.py)
         from dflash_trainer.config import preflight
         return preflight.main([a for a in argv if a != CHECK_FLAG])
+    if PLAN_FLAG in argv:  # measure on one GPU and predict the splits, train nothing (advisor/plan.py)
+        from dflash_trainer.advisor import plan
+        return plan.main([a for a in argv if a != PLAN_FLAG])
     try:
         cfg = config_from_args(argv)
     except SystemExit as e:  # --help

@@ -29,8 +29,8 @@ from .run_paths import check_not_system_dir, check_reserved_env
 from .run_records import (EXIT_RECORD, LOG_NAME, STOP_RECORD, exit_text, keep_previous, prune_records, read_json,
                           read_pid, record, restore, unlink, write_json_atomic, write_pidfile)
 from .run_space import check_space, last_checkpoint, recorded_checkpoints
-from .run_status import (conflicting_runs, first_failed_rank, log_tail, own_heartbeat, own_heartbeat_of, run_state,
-                         status)
+from .run_status import (conflicting_runs, first_failed_rank, log_tail, own_heartbeat, own_heartbeat_of, plan_fields,
+                         run_state, status)
 from .trainer_check import CheckRefused, check_cwd, collection_layout, run_check
 from .trainer_record import TrainerRefused, check_trainer
 
@@ -357,6 +357,7 @@ def _change(req, timings):
         except ValueError as exc:
             raise LifecycleError(str(exc))
         result.update(changed=True, action="launched", would_stop=[name for name, _pid in runs])
+        result.update(plan_fields(req["run_dir"]))  # the layout advisor's verdict, if it was asked (issue 31)
         if check:
             return result
         result["stopped"] = _timed(timings, "stop", _stop_all, req, runs)

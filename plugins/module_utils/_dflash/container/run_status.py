@@ -160,6 +160,22 @@ def conflicting_runs(req):
     return found, own_pid, own_launch
 
 
+def kernel_fields(hb):
+    """Which linear-attention and conv code the target's layers run (dflash-train's `target kernels:` line, issue
+    31), from the heartbeat; absent from heartbeats of older trainers."""
+    return {"target_kernels": hb.get("target_kernels")}
+
+
+def plan_fields(run_dir):
+    """The layout advisor's verdict (`dflash-train --plan` writes plan.json into the run dir, issue 31): its warning
+    when the configured split is predicted >= 15 % below the best, else None; no plan.json, no fields."""
+    plan = read_json(os.path.join(run_dir, "plan.json"))
+    if not isinstance(plan, dict):
+        return {}
+    return {"plan_warning": plan.get("warning"), "plan_predicted_seq_per_s": (plan.get("configured") or {}).get(
+        "seq_per_s"), "plan_best_seq_per_s": (plan.get("best") or {}).get("seq_per_s")}
+
+
 def status(req):
     run_dir = req["run_dir"]
     pid, launch_info, ranks, _left = run_processes(run_dir)
@@ -180,6 +196,7 @@ def status(req):
         for key in ("phase", "step", "epoch", "loss", "tokens_per_s", "queue_depth"):
             out[key] = hb.get(key)
         out["slowest_rank"] = slowest_rank(hb, now)
+        out.update(kernel_fields(hb))
         if not healthy and hb.get("phase") not in ("finished", "failed"):
             out["phase"] = "dead"
             out["dead_since"] = hb.get("updated_at")
@@ -187,6 +204,7 @@ def status(req):
         out["phase"] = "loading" if healthy else "dead"
     else:
         out["phase"] = "never launched"
+    out.update(plan_fields(run_dir))
     out["gpu_utilization"] = gpu_utilization(run_dir, now)
     out["gpu_memory"] = None
     if not req.get("gpus"):

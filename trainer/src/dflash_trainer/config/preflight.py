@@ -148,6 +148,24 @@ def check_family(cfg: TrainConfig, target_config: dict) -> list[str]:
             "(e.g. qwen3, qwen3_5, llama) or install a transformers that knows it"]
 
 
+def check_kernels(cfg: TrainConfig, target_config: dict, cuda: bool | None = None) -> tuple[str | None, list[str]]:
+    """(the `target kernels:` line, problems): the torch fallback of a linear-attention target refused on a GPU
+    (model/target_kernels.py). `cuda`: whether this host has CUDA (asked of torch when None)."""
+    from dflash_trainer.config import StartupError
+    from dflash_trainer.model import target_kernels
+    if target_kernels.LINEAR_ATTENTION not in target_kernels.layer_types(target_config):
+        return None, []
+    if cuda is None:
+        import torch
+        cuda = torch.cuda.is_available()
+    from dflash_trainer.distributed.world import uses_gpus
+    on_gpu = cuda and (cfg.device == "cuda" or uses_gpus(cfg, cuda))
+    try:
+        return target_kernels.check(target_config, on_gpu, cfg.slow_linear_attention), []
+    except StartupError as e:
+        return None, [str(e)]
+
+
 def _nearest_existing(path: str) -> str:
     path = os.path.abspath(path)
     while not os.path.exists(path):
@@ -255,8 +273,9 @@ def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[st
 
 
 def check(argv: list[str], environ=os.environ) -> dict:
-    """The report: {"check", "problems", "world_size", "layout", "settings"}."""
-    report = {"check": "failed", "problems": [], "world_size": None, "layout": None, "settings": None}
+    """The report: {"check", "problems", "world_size", "layout", "settings", "target_kernels"}."""
+    report = {"check": "failed", "problems": [], "world_size": None, "layout": None, "settings": None,
+              "target_kernels": None}
     problems = report["problems"]
     try:
         world_size = int(environ.get("WORLD_SIZE", "1"))
@@ -289,6 +308,8 @@ def check(argv: list[str], environ=os.environ) -> dict:
         target_ok = False
     if target_ok:
         problems += check_family(cfg, target_config)
+        report["target_kernels"], more = check_kernels(cfg, target_config)
+        problems += more
     try:
         validate_data(cfg)
         if target_ok:

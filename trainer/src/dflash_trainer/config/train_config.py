@@ -186,6 +186,11 @@ class TrainConfig:
     compile_target: bool = env_knob(True, env="DFLASH_EAGER_TARGET", parse=parse_inverted_switch,
                                     help="1 keeps the target's decoder layers eager on CUDA (0: compiled when the "
                                          "target sits on one GPU)")
+    slow_linear_attention: bool = env_knob(False, env="DFLASH_SLOW_LINEAR_ATTENTION", parse=parse_switch,
+                                           help="1 lets a target with linear-attention layers (Qwen3.5/3.6) run "
+                                                "transformers' torch fallback on a GPU (2.3x slower per layer "
+                                                "on an H200; refused at start otherwise): the fast kernels are the "
+                                                "trainer's fla extra (pip install 'dflash_trainer[fla]')")
     eager_head_loss: bool = env_knob(False, env="DFLASH_EAGER_HEAD_LOSS", parse=parse_switch,
                                      help="1 runs the head loss eagerly (0: compiled on CUDA); loss.py reads the "
                                           "variable at each call")

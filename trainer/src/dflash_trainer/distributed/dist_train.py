@@ -185,13 +185,18 @@ def _run_rank(cfg: TrainConfig, world: World, heartbeat, stop: threading.Event, 
               nvml: NvmlTelemetry) -> None:
     """The checks, the job's plan and resume point (read by every rank before any may write), then this rank's
     role (dist_ranks.run_target or run_drafter) and the barrier that ends the job."""
-    from dflash_trainer.loop.train import drafter_config_for
+    from dflash_trainer.loop.train import drafter_config_for, target_kernels_line
     validate_paths(cfg)
     if world.is_drafter_leader:
         check_available(cfg)
     if not world.is_target:
         check_queue_memory(cfg, world)
-    _, layer_ids, drafter_cfg = drafter_config_for(cfg)
+    target_config, layer_ids, drafter_cfg = drafter_config_for(cfg)
+    if world.is_target:  # each target rank says (and checks) which kernels its layers run
+        kernels = target_kernels_line(cfg, target_config, world.device)
+        log(world, "target kernels: " + kernels)
+        if heartbeat is not None:
+            heartbeat.update(target_kernels=kernels)
     dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
     G = cfg.grad_accum * world.num_drafter_ranks
     batches = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size).batches_in_epoch(0)

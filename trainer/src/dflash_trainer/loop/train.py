@@ -111,6 +111,14 @@ def target_layers(target, cfg: TrainConfig) -> str:
     return target.compile_layers() if cfg.compile_target else "eager (DFLASH_EAGER_TARGET=1)"
 
 
+def target_kernels_line(cfg: TrainConfig, target_config, device: torch.device) -> str:
+    """The `target kernels:` line (model/target_kernels.py): which linear-attention and conv code the target's
+    layers run here; StartupError when that is transformers' torch fallback on a GPU and the operator did not opt
+    in (DFLASH_SLOW_LINEAR_ATTENTION=1)."""
+    from dflash_trainer.model import target_kernels
+    return target_kernels.check(target_config, device.type == "cuda", cfg.slow_linear_attention)
+
+
 def drafter_config_for(cfg: TrainConfig) -> tuple[object, list[int], DrafterConfig]:
     """(the target's HF config, the tapped layer ids, the drafter's config) from the flags; reads config.json only.
     cfg.mask_token_id must be known (validate_paths looks it up when the flag is not given)."""
@@ -157,7 +165,10 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    _, layer_ids, drafter_cfg = drafter_config_for(cfg)
+    target_config, layer_ids, drafter_cfg = drafter_config_for(cfg)
+    kernels = target_kernels_line(cfg, target_config, target_device)
+    log("target kernels: " + kernels)
+    heartbeat.update(target_kernels=kernels)
     init_state = initial_weights(cfg.init_drafter, drafter_cfg) if cfg.init_drafter else None
     check_available(cfg)
     try:  # bad data is a refusal at start too: it loads before any weights

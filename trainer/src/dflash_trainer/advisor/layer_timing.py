@@ -1,0 +1,66 @@
+"""Milliseconds per decoder layer of each kind inside the target's real forward (dflash-train --plan and
+benchmarks/target_forward.py): each layer wrapped, after compile_layers, in a module that records a CUDA event before
+and after it, so the events stay outside the compiled graphs."""
+
+from __future__ import annotations
+
+from dflash_trainer.model.target import layer_kinds
+
+KIND_ORDER = ("linear_attention", "full_attention", "default")
+
+
+def decoder_layers(target):
+    return target.model.model.layers
+
+
+class TimedLayers:
+    """Wraps each decoder layer (a ModuleList of TimedLayer) while in use; `per_kind()`: median ms per layer."""
+
+    def __init__(self, target):
+        import torch
+
+        class TimedLayer(torch.nn.Module):
+            def __init__(self, inner, kind, marks):
+                super().__init__()
+                self.inner, self.kind, self.marks = inner, kind, marks
+
+            def forward(self, *args, **kwargs):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = self.inner(*args, **kwargs)
+                end.record()
+                self.marks.append((self.kind, start, end))
+                return out
+
+        self.torch, self.target, self.marks, self.calls = torch, target, [], []
+        self.inner = decoder_layers(target)
+        self.kinds = layer_kinds(target.config, len(self.inner))
+        self.wrapped = torch.nn.ModuleList(TimedLayer(layer, kind, self.marks)
+                                           for layer, kind in zip(self.inner, self.kinds))
+
+    def __enter__(self):
+        self.target.model.model.layers = self.wrapped
+        return self
+
+    def __exit__(self, *exc):
+        self.target.model.model.layers = self.inner
+
+    def call(self, fn):
+        """fn() once, its layers' events collected (after a synchronize) into one {kind: ms of all its layers}."""
+        self.marks.clear()
+        out = fn()
+        self.torch.cuda.synchronize()
+        sums = {}
+        for kind, start, end in self.marks:
+            sums[kind] = sums.get(kind, 0.0) + start.elapsed_time(end)
+        self.calls.append(sums)
+        return out
+
+    def per_kind(self) -> dict:
+        """{kind: {"layers": n, "ms_per_layer": median over calls of (ms of the kind's layers / n)}}."""
+        counts = {k: self.kinds.count(k) for k in set(self.kinds)}
+        out = {}
+        for kind in sorted(counts, key=KIND_ORDER.index):
+            values = sorted(c[kind] / counts[kind] for c in self.calls)
+            out[kind] = {"layers": counts[kind], "ms_per_layer": values[len(values) // 2]}
+        return out
