@@ -7,12 +7,12 @@ import http.server
 import json
 import multiprocessing
 import os
-import struct
 import sys
 import threading
 
 import pytest
 
+from harness.wandb_files import file_history, offline_runs
 from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd
 from dflash_trainer.telemetry.writers import JsonlWriter, NvmlTelemetry, read_jsonl
 
@@ -69,36 +69,9 @@ def test_without_nvml_telemetry_says_why_and_writes_nothing(tmp_path):
 
 
 def wandb_history(run_dir):
-    """{step: {key: value}} of the one offline W&B run under <run_dir>/wandb.
-
-    wandb has no public reader of its .wandb files, so this reads the format they are in: wandb's 7-byte header
-    (":W&B", magic, version), then LevelDB's log format (32 KiB blocks of chunks, each with a 7-byte header:
-    crc32, length, type FULL/FIRST/MIDDLE/LAST), each record a wandb_internal_pb2.Record."""
-    from wandb.proto import wandb_internal_pb2
-    [path] = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data[:4] == b":W&B", path
-    block, pos, pending, history = 32768, 7, b"", {}
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:  # a block's tail too short for a chunk header is padding
-            pos += left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if kind == 0:
-            pos += left
-            continue
-        pending += data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST: a record is complete
-            record = wandb_internal_pb2.Record.FromString(pending)
-            pending = b""
-            if record.HasField("history"):
-                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                       for item in record.history.item}
-                history.setdefault(row["_step"], {}).update(row)
-    return history
+    """{step: {key: value}} of the one offline W&B run under <run_dir>/wandb."""
+    [path] = offline_runs(run_dir)
+    return file_history(path)
 
 
 def assert_key_nowhere(*paths):

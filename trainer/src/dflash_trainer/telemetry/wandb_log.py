@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numbers
 import os
+import secrets
+import string
 
 from dflash_trainer.config import StartupError, TrainConfig
 
@@ -64,8 +66,7 @@ def run_id(run_dir: str) -> str:
             return kept
     except FileNotFoundError:
         pass
-    import wandb
-    new = wandb.util.generate_id()
+    new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # W&B's id alphabet
     with open(path + ".tmp", "w") as f:
         f.write(new + "\n")
     os.replace(path + ".tmp", path)
