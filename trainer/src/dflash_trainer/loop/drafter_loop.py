@@ -39,7 +39,7 @@ class LoopParts:
 
     def __post_init__(self):
         self.train_s0 = self.state.train_s  # the training time resumed from: the clock goes on from there
-        self.eta = Eta(self.total_steps, self.schedule.budget_s, self.state.step, self.train_s0)
+        self.eta = Eta(self.total_steps, self.schedule.budget_s)
         self.books.eta = self.eta
 
 

@@ -2,12 +2,14 @@
 and the heartbeat (training_status prints them).
 
 The run ends at the first of two ends: its optimizer steps (epochs, capped by --max-steps) or its time budget
-(--time-budget-min, training time). The ETA is the sooner of the two: the steps left at the seconds per step
-measured since this (re)start, and the budget's seconds left. Seconds are training time (the loop's clock), so
-checkpoint writes and the start-up are not in it. Pure Python: the loop calls it once per optimizer step.
+(--time-budget-min, training time). The ETA is the sooner of the two: the steps left at the wall-clock seconds per
+step measured since this process's first step (checkpoint writes included: they delay the end too), and the
+budget's seconds of training left. Pure Python: the loop calls it once per optimizer step.
 """
 
 from __future__ import annotations
+
+import time
 
 
 def format_eta(seconds: float | None) -> str:
@@ -23,22 +25,26 @@ def format_eta(seconds: float | None) -> str:
 
 
 class Eta:
-    """`total_steps`: the run's optimizer steps; `budget_s`: the time budget in seconds (None: none); `step0`,
-    `train_s0`: where this (re)start began, so the rate is this process's own and not the previous one's."""
+    """`total_steps`: the run's optimizer steps; `budget_s`: the time budget in seconds (None: none). The pace is
+    this process's own (from its first step on), not a previous process's; `clock` is time.monotonic."""
 
-    def __init__(self, total_steps: int, budget_s: float | None, step0: int, train_s0: float):
-        self.total_steps, self.budget_s = total_steps, budget_s
-        self.step0, self.train_s0 = step0, train_s0
+    def __init__(self, total_steps: int, budget_s: float | None, clock=time.monotonic):
+        self.total_steps, self.budget_s, self.clock = total_steps, budget_s, clock
+        self.first: tuple[int, float] | None = None  # (step, clock) of this process's first update
         self.fields: dict = {}
 
     def update(self, step: int, train_s: float) -> dict:
         """The progress fields after optimizer step `step` at `train_s` seconds of training (kept in .fields)."""
+        now = self.clock()
+        if self.first is None:
+            self.first = (step, now)
         by_steps = step / self.total_steps if self.total_steps else 1.0
         by_time = train_s / self.budget_s if self.budget_s else 0.0
-        done_steps = step - self.step0
         left_steps = None
-        if done_steps > 0:
-            left_steps = max(self.total_steps - step, 0) * (train_s - self.train_s0) / done_steps
+        if step > self.first[0]:
+            left_steps = max(self.total_steps - step, 0) * (now - self.first[1]) / (step - self.first[0])
+        elif step >= self.total_steps:
+            left_steps = 0.0
         left_budget = max(self.budget_s - train_s, 0.0) if self.budget_s else None
         ends_by = "time budget" if left_budget is not None and (left_steps is None or left_budget < left_steps) \
             else "steps"

@@ -29,6 +29,6 @@ def record_launch(run_dir: str, step: int, say, wandb_run=None) -> dict:
     finally:
         writer.close()
     say(f"{row['event']} at step {step}: {row['reason']}")
-    if wandb_run is not None:
-        wandb_run.event(step, row["event"], row["reason"])
+    if wandb_run is not None:  # with this process's first step: a resumed W&B run drops steps it has logged
+        wandb_run.event(step + 1, row["event"], row["reason"])
     return row
