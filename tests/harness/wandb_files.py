@@ -23,11 +23,20 @@ def run_id_of(path):
 
 def file_history(path):
     """{step: {key: value}} of one .wandb file."""
+    history = {}
+    for record in _records(path):
+        if record.HasField("history"):
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            history.setdefault(row["_step"], {}).update(row)
+    return history
+
+def _records(path):
+    """Every wandb_internal_pb2.Record of one .wandb file, in order."""
     from wandb.proto import wandb_internal_pb2
     with open(path, "rb") as f:
         data = f.read()
     assert data[:4] == b":W&B", path
-    block, pos, pending, history = 32768, 7, b"", {}
+    block, pos, pending = 32768, 7, b""
     while pos + 7 <= len(data):
         left = block - pos % block
         if left < 7:  # a block's tail too short for a chunk header is padding
@@ -40,10 +49,10 @@ def file_history(path):
         pending += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST: a record is complete
-            record = wandb_internal_pb2.Record.FromString(pending)
+            yield wandb_internal_pb2.Record.FromString(pending)
             pending = b""
-            if record.HasField("history"):
-                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                       for item in record.history.item}
-                history.setdefault(row["_step"], {}).update(row)
-    return history
+
+
+def artifacts(path):
+    """[(name, type)] of the artifacts logged in one .wandb file."""
+    return [(r.artifact.name, r.artifact.type) for r in _records(path) if r.HasField("artifact")]

@@ -7,12 +7,13 @@ import http.server
 import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import threading
 
 import pytest
 
-from harness.wandb_files import file_history, offline_runs
+from harness.wandb_files import artifacts, file_history, offline_runs, run_id_of
 from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd
 from dflash_trainer.telemetry.writers import JsonlWriter, NvmlTelemetry, read_jsonl
 
@@ -199,3 +200,27 @@ def test_wandb_configured_but_not_installed_is_refused_before_weights_load(tiny,
     hb = read_heartbeat(out)
     assert hb["phase"] == "failed" and "wandb" in hb["error"]
     assert not os.path.exists(out / "checkpoints")
+
+
+@pytest.mark.slow
+def test_an_export_is_logged_as_an_artifact_of_the_training_runs_one_wandb_run(tiny, tmp_path):
+    pytest.importorskip("wandb")
+    out, log = tmp_path / "out", tmp_path / "train.log"
+    env = wandb_env(tmp_path)
+    proc = start(train_cmd(tiny, out, "--max-steps", "2"), log, env=env)
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    export = subprocess.run([sys.executable, "-m", "dflash_trainer.export.exporter", "--checkpoint", str(out),
+                             "--target-model", tiny["target"], "--out", str(tmp_path / "export"),
+                             "--wandb-artifact", str(out)], env=dict(os.environ, **env), capture_output=True,
+                            text=True, timeout=300)
+    assert export.returncode == 0, export.stdout + export.stderr
+    trained, exported = offline_runs(out)
+    assert run_id_of(trained) == run_id_of(exported) == (out / "wandb_run_id").read_text().strip()
+    assert artifacts(exported) == [("out-drafter", "model")]
+    no_project = {k: v for k, v in env.items() if k != "WANDB_PROJECT"}
+    refused = subprocess.run([sys.executable, "-m", "dflash_trainer.export.exporter", "--checkpoint", str(out),
+                              "--target-model", tiny["target"], "--out", str(tmp_path / "export2"),
+                              "--wandb-artifact", str(out)], env=dict(os.environ, **no_project, WANDB_PROJECT=""),
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--wandb-artifact needs WANDB_PROJECT" in refused.stderr
+    assert_key_nowhere(str(tmp_path))

@@ -131,3 +131,27 @@ class WandbLog:
 
     def close(self, exit_code: int = 0) -> None:
         self.run.finish(exit_code=exit_code)
+
+
+def log_export_artifact(run_dir: str, export_dir: str, checkpoint: str, say) -> str:
+    """dflash-export --wandb-artifact RUN_DIR: the export dir as a `model` artifact of the training run's one W&B run
+    (its id kept in RUN_DIR, resumed; WANDB_PROJECT names the project, WANDB_MODE=offline keeps it local). Returns
+    the artifact's name. Best after training ends: an online run takes one writer at a time."""
+    project = os.environ.get("WANDB_PROJECT")
+    if not project:
+        raise ValueError("--wandb-artifact needs WANDB_PROJECT (the project the training run logs to); set it")
+    if not os.path.isfile(os.path.join(run_dir, RUN_ID_FILE)):
+        raise ValueError(f"{run_dir} has no {RUN_ID_FILE}: it is not the run directory of a run logged to W&B; "
+                         "pass the run's --run-dir")
+    import wandb
+    name = os.path.basename(os.path.normpath(run_dir))
+    run = wandb.init(project=project, dir=run_dir, name=name, group=name, id=run_id(run_dir), resume="allow",
+                     settings=wandb.Settings(console="off"))
+    try:
+        artifact = wandb.Artifact(f"{name}-drafter", type="model", metadata={"checkpoint": checkpoint})
+        artifact.add_dir(export_dir)
+        run.log_artifact(artifact)
+    finally:
+        run.finish()
+    say(f"W&B: logged {export_dir} as artifact {name}-drafter of run {run_id(run_dir)}")
+    return f"{name}-drafter"
