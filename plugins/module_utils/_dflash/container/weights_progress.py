@@ -3,7 +3,8 @@
 # Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
 """How far a staging's copy is, in a small JSON file the role reads while the module runs (roles/model_weights runs
-it with async and polls): bytes copied of the total, MB/s since the copy began, the phase. Runs INSIDE the container.
+it with async and polls): bytes copied of the total, MB/s since the copy began, the phase. The trainer's install
+(trainer_install.py, roles/trainer) keeps its phase in one too (no bytes). Runs INSIDE the container.
 
 Written at most every `interval_s` seconds from the copying threads (one lock), and at each phase change; always
 replaced whole (temp file + rename), so a reader sees the old or the new figures, never half a file."""
