@@ -73,7 +73,7 @@ class Charts:
             return None
         fig, ax = self._axes("draft accuracy per block slot", "accuracy")
         slots = len(rows[0]["slot_acc"])
-        for s in sorted({1, 2, slots // 2, slots - 1}):
+        for s in sorted({s for s in (1, 2, slots // 2, slots - 1) if 0 < s < slots}):  # slot 0 is the anchor
             self.line(ax, rows, [r["slot_acc"][s] for r in rows], label=f"slot {s}")
         ax.legend(loc="best")
         return _png(fig)
