@@ -85,6 +85,12 @@ options:
     description: Seconds the whole transport call may take.
     type: float
     default: 7200
+  progress_file:
+    description:
+      - A file in the container where the copy's progress is kept while it runs (JSON - C(phase), C(copied_bytes),
+        C(total_bytes), C(mb_per_s), C(updated_at)), rewritten about once a second; the role runs this module with
+        C(async) and reads it to print progress. None is kept when not given.
+    type: path
 seealso:
   - module: dflash.ops.training_run
 notes:

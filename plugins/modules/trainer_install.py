@@ -95,6 +95,13 @@ options:
     description: Seconds each transport call may take.
     type: float
     default: 3600
+  progress_file:
+    description:
+      - A file in the container where the install keeps its phase while it runs (JSON - C(phase), C(updated_at)) -
+        waiting for another install, planning, checking the wheel, creating the venv, pip install, verifying,
+        switching the link. The role runs this module with C(async) and reads it to print the phase. None is kept
+        when not given.
+    type: path
 seealso:
   - module: dflash.ops.trainer_wheel
   - module: dflash.ops.training_run

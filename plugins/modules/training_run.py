@@ -157,6 +157,13 @@ options:
     description: Lines of the log returned by V(status).
     type: int
     default: 0
+  report:
+    description:
+      - With V(status), draw the run's charts with the trainer's C(dflash-report) in the container (the python of
+        the venv the run was launched from; needs the trainer's C(report) extra, matplotlib) into
+        C(<run dir>/report.html), and return the page (RV(report)).
+    type: bool
+    default: false
   lock_timeout:
     description: Seconds to wait for another lifecycle operation on the same runs root.
     type: float
@@ -288,6 +295,13 @@ would_stop:
   type: list
   elements: str
   sample: [slammed4]
+launch_reason:
+  description: Why the run is (re)launched - V(first launch), V(config change), V(force), V(crash) (the last
+    process is gone without finishing), V(relaunch) (it finished or was stopped) or V(unverified process replaced);
+    the trainer gets it in C(DFLASH_LAUNCH_REASON) and logs it (C(events.jsonl), the log, W&B).
+  returned: when launched, or when a launch would happen in check mode
+  type: str
+  sample: config change
 kept:
   description: Previous log and launch files moved aside before the launch (never overwritten).
   returned: state is not status
@@ -393,6 +407,19 @@ gpu_utilization:
   elements: dict
   sample: [{gpu: 0, rank: 0, util_pct: 97, mem_used_mb: 61234.5, mem_total_mb: 143771.0, power_w: 612.3,
             temp_c: 61, age_s: 2.4}]
+report:
+  description: With O(report) - the page's C(path) in the container, its C(bytes) and the page itself base64-encoded
+    (C(html_b64)) for the role to save on the controller; or C(error), one line, when it could not be drawn.
+  returned: state is status and report is true
+  type: dict
+  sample: {path: /workspace/runs/r1/report.html, bytes: 183211, html_b64: PCFET0NUWVBFIGh0bWw+...}
+progress:
+  description: The trainer's progress from the heartbeat - the run's optimizer steps (C(total_steps)), the share
+    done (C(done_pct), by steps or by the time budget), the seconds of training left (C(eta_s)) and what ends the
+    run first (C(ends_by), V(steps) or V(time budget)); null before the first step.
+  returned: state is status and a heartbeat exists
+  type: dict
+  sample: {total_steps: 200, done_pct: 25.0, eta_s: 83.4, ends_by: steps}
 queue_depth:
   description: Micro-batches of hidden states waiting on the first drafter rank of a torchrun job (heartbeat).
   returned: state is status and the heartbeat of a torchrun job has it

@@ -1,6 +1,7 @@
 #!/bin/bash
 # One entry point for the real-container harness (idempotent):
-#   1. apt-get install lxc debootstrap openssh-server when missing
+#   1. apt-get install lxc debootstrap openssh-server chromium when missing (chromium: the run report's test opens
+#      the page headless, tests/integration/test_watch_run_local.py)
 #   2. fetch the trainer's heavy wheels (torch 2.13.0 CPU, transformers, ...) into .cache/harness/wheels
 #   3. build the golden container dflash-golden-<hash8> if its recipe changed (else keep it), prune older ones
 # Then:  .venv/bin/python -m pytest -m containers tests/containers      and   tests/harness/molecule.sh test
@@ -16,6 +17,7 @@ missing=()
 command -v lxc-create >/dev/null || missing+=(lxc)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v chromium >/dev/null || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup.sh: apt-get install ${missing[*]}" >&2
     apt-get update -qq

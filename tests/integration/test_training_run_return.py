@@ -46,6 +46,8 @@ def scenarios(ansible, runs_root):
     call("restart, same config", args(runs_root, trainer_args={"tag": "a"}))
     call("started, other config kept", args(runs_root, state="started", trainer_args={"tag": "b"}))
     call("status, alive", args(runs_root, state="status", status_log_lines=3))
+    # the stand-in trainer has no venv beside it: the report's one-line error (the page itself: test_watch_run_local)
+    call("status, report", args(runs_root, state="status", report=True))
     call("stopped", args(runs_root, state="stopped"))
     call("stopped, nothing alive", args(runs_root, state="stopped"))
     call("status, finished", args(runs_root, state="status"))
@@ -83,6 +85,7 @@ def test_return_documents_exactly_the_returned_keys(ansible, runs_root):
     assert "pid" not in by_label["restart, check mode"] and "would_stop" in by_label["restart, check mode"]
     assert by_label["status, dead"]["phase"] == "dead" and "dead_since" in by_label["status, dead"]
     assert "dead_since" not in by_label["status, alive"]
+    assert by_label["status, report"]["report"]["error"].startswith("no trainer venv found for run r1")
     assert "heartbeat_age_s" not in by_label["status, never launched"]
     assert by_label["restart, crash"]["rc"] == 3 and by_label["restart, crash"]["log_tail"]
     assert by_label["status, never launched"]["state"] == "not running (never launched)"

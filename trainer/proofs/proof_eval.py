@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from dflash_trainer.eval.prompt_progress import PromptProgress
 from dflash_trainer.eval.evaluate import eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target
 from dflash_trainer.export.exporter import export_checkpoint
 from dflash_trainer.telemetry.heartbeat import write_json_atomic  # a reader (the driver) never sees half a file
@@ -95,7 +96,7 @@ class Evaluator:
             return
         s = self.settings
         rep = evaluate(self.model, self.prompts, block_size=s["block_size"], max_new_tokens=s["max_new_tokens"],
-                       eos=self.eos, ngram=3, baseline=True, references=None)
+                       eos=self.eos, ngram=3, baseline=True, references=None, progress=PromptProgress(self.log))
         self.references = rep["references"]
         write_json_atomic(_path(self.out, "baseline.json"),
                           {"references": rep["references"], "target_only": rep["target_only"],
@@ -109,7 +110,7 @@ class Evaluator:
         drafter = load_drafter(export_dir, self.model, self.device, torch.float32)  # reloaded from the export
         rep = evaluate(self.model, self.prompts, drafter=drafter, block_size=s["block_size"],
                        max_new_tokens=s["max_new_tokens"], eos=self.eos, baseline=False,
-                       references=self.references)
+                       references=self.references, progress=PromptProgress(self.log))
         write_json_atomic(_path(self.out, f"snapshot-{snap['step']}.json"),
                           {"eval": rep["methods"]["dflash"], "export": export_dir, "device": str(self.device)})
         self.log(f"after {snap['minutes']} min ({snap['step']} steps):\n" + format_table(rep))

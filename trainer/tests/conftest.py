@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
+
+# `import harness` (tests/harness: helpers shared by every suite, e.g. harness.wandb_files), as tests/conftest.py
+# gives the collection's suites
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests")
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 
 def _builtin_sys_intern():

@@ -7,12 +7,13 @@ import http.server
 import json
 import multiprocessing
 import os
-import struct
+import subprocess
 import sys
 import threading
 
 import pytest
 
+from harness.wandb_files import artifacts, file_history, offline_runs, run_id_of
 from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd
 from dflash_trainer.telemetry.writers import JsonlWriter, NvmlTelemetry, read_jsonl
 
@@ -69,36 +70,9 @@ def test_without_nvml_telemetry_says_why_and_writes_nothing(tmp_path):
 
 
 def wandb_history(run_dir):
-    """{step: {key: value}} of the one offline W&B run under <run_dir>/wandb.
-
-    wandb has no public reader of its .wandb files, so this reads the format they are in: wandb's 7-byte header
-    (":W&B", magic, version), then LevelDB's log format (32 KiB blocks of chunks, each with a 7-byte header:
-    crc32, length, type FULL/FIRST/MIDDLE/LAST), each record a wandb_internal_pb2.Record."""
-    from wandb.proto import wandb_internal_pb2
-    [path] = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data[:4] == b":W&B", path
-    block, pos, pending, history = 32768, 7, b"", {}
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:  # a block's tail too short for a chunk header is padding
-            pos += left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if kind == 0:
-            pos += left
-            continue
-        pending += data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST: a record is complete
-            record = wandb_internal_pb2.Record.FromString(pending)
-            pending = b""
-            if record.HasField("history"):
-                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                       for item in record.history.item}
-                history.setdefault(row["_step"], {}).update(row)
-    return history
+    """{step: {key: value}} of the one offline W&B run under <run_dir>/wandb."""
+    [path] = offline_runs(run_dir)
+    return file_history(path)
 
 
 def assert_key_nowhere(*paths):
@@ -180,7 +154,8 @@ def test_a_refused_online_wandb_run_falls_back_to_offline_and_the_run_trains_on(
     text = log.read_text()
     assert any(r.startswith("POST /graphql") for r in _RefusingWandbServer.requests)   # it did go online first
     [line] = [ln for ln in text.splitlines() if "W&B: online run refused or unreachable" in ln]
-    assert "(user is not logged in); logging offline under " + str(out / "wandb") in line, line
+    # wandb asks for the kept run id's resume status first: the refusal is its answer
+    assert "user is not logged in" in line and "logging offline under " + str(out / "wandb") in line, line
     history = wandb_history(out)
     assert sorted(history) == [r["step"] for r in read_metrics(out)] == list(range(1, STEPS + 1))
     assert_key_nowhere(str(tmp_path))
@@ -230,3 +205,27 @@ def test_wandb_configured_but_not_installed_is_refused_before_weights_load(tiny,
     hb = read_heartbeat(out)
     assert hb["phase"] == "failed" and "wandb" in hb["error"]
     assert not os.path.exists(out / "checkpoints")
+
+
+@pytest.mark.slow
+def test_an_export_is_logged_as_an_artifact_of_the_training_runs_one_wandb_run(tiny, tmp_path):
+    pytest.importorskip("wandb")
+    out, log = tmp_path / "out", tmp_path / "train.log"
+    env = wandb_env(tmp_path)
+    proc = start(train_cmd(tiny, out, "--max-steps", "2"), log, env=env)
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    export = subprocess.run([sys.executable, "-m", "dflash_trainer.export.exporter", "--checkpoint", str(out),
+                             "--target-model", tiny["target"], "--out", str(tmp_path / "export"),
+                             "--wandb-artifact", str(out)], env=dict(os.environ, **env), capture_output=True,
+                            text=True, timeout=300)
+    assert export.returncode == 0, export.stdout + export.stderr
+    trained, exported = offline_runs(out)
+    assert run_id_of(trained) == run_id_of(exported) == (out / "wandb_run_id").read_text().strip()
+    assert artifacts(exported) == [("out-drafter", "model")]
+    no_project = {k: v for k, v in env.items() if k != "WANDB_PROJECT"}
+    refused = subprocess.run([sys.executable, "-m", "dflash_trainer.export.exporter", "--checkpoint", str(out),
+                              "--target-model", tiny["target"], "--out", str(tmp_path / "export2"),
+                              "--wandb-artifact", str(out)], env=dict(os.environ, **no_project, WANDB_PROJECT=""),
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--wandb-artifact needs WANDB_PROJECT" in refused.stderr
+    assert_key_nowhere(str(tmp_path))

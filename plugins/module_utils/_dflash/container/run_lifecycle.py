@@ -25,7 +25,7 @@ from .plain_text import plain
 from .procfs import POLL_S, cmdline, cmdline_matches, stop_group
 from .rank_ends import describe_rank
 from .run_name import validate_run_name
-from .run_paths import check_not_system_dir, check_reserved_env
+from .run_paths import LAUNCH_REASON_ENV, check_not_system_dir, check_reserved_env
 from .run_records import (EXIT_RECORD, LOG_NAME, STOP_RECORD, exit_text, keep_previous, prune_records, read_json,
                           read_pid, record, restore, unlink, write_json_atomic, write_pidfile)
 from .run_space import check_space, last_checkpoint, recorded_checkpoints
@@ -97,6 +97,7 @@ def launch(req, now, settings):
         "job": dict(req["job"], run_dir=run_dir) if req.get("job") else None,
     }
     env = launch_env(req)
+    env[LAUNCH_REASON_ENV] = req.get("launch_reason") or "first launch"  # the trainer logs it (events.jsonl, W&B)
     log_path = os.path.join(run_dir, LOG_NAME)
     if public["job"]:
         clear_rank_files(public["job"]["ranks_dir"])  # the previous job is stopped: its leftover files say nothing
@@ -356,7 +357,8 @@ def _change(req, timings):
                                  % (_still_running(runs), exc), bad_input=True)
         except ValueError as exc:
             raise LifecycleError(str(exc))
-        result.update(changed=True, action="launched", would_stop=[name for name, _pid in runs])
+        result.update(changed=True, action="launched", would_stop=[name for name, _pid in runs],
+                      launch_reason=launch_reason(req, own_pid, own_launch))
         result.update(plan_fields(req["run_dir"]))  # the layout advisor's verdict, if it was asked (issue 31)
         if check:
             return result
@@ -371,6 +373,23 @@ def _change(req, timings):
             raise _after_stop(LifecycleError(_os_text(exc)), result["stopped"], stopped_note)
     result["phase"] = result["heartbeat"].get("phase")
     return result
+
+
+def launch_reason(req, own_pid, own_launch):
+    """Why this launch happens, in the words the trainer logs: first launch, config change (the fingerprint
+    differs), force (same configuration, -e force=true), crash (the last process is gone without finishing),
+    relaunch (it finished or was stopped). Kept in req for launch()."""
+    if own_launch is None:
+        reason = "first launch"
+    elif own_launch.get("fingerprint") != req.get("fingerprint"):
+        reason = "config change"
+    elif own_pid is not None:
+        reason = "force" if req.get("force") else "unverified process replaced"
+    else:
+        hb = read_json(os.path.join(req["run_dir"], "heartbeat.json")) or {}
+        reason = "relaunch" if hb.get("phase") == "finished" else "crash"
+    req["launch_reason"] = reason
+    return reason
 
 
 def _still_running(runs):

@@ -14,6 +14,7 @@ SYSTEM_DIRS = frozenset(("/", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64",
                          "/run", "/var", "/root"))
 # Set by the lifecycle for the trainer; a run's env setting them would make launch.json and the trainer disagree.
 RESERVED_ENV = ("DFLASH_RUN_DIR", "DFLASH_RUN_NAME")
+LAUNCH_REASON_ENV = "DFLASH_LAUNCH_REASON"  # set by the lifecycle at each launch (a run's env setting it is replaced)
 
 
 def check_not_system_dir(path, what, real=False):

@@ -14,6 +14,7 @@ from .job_ranks import is_healthy, job_state, rank_states, ranks_dir, slowest_ra
 from .plain_text import plain, plain_line
 from .rank_ends import describe_rank, first_failure, retire_stale
 from .procfs import cmdline, cmdline_matches, is_alive
+from .run_report import run_report
 from .run_records import EXIT_RECORD, LOG_NAME, STOP_RECORD, exit_text, own_record, read_json, read_pid
 
 TELEMETRY_NAME = "telemetry.jsonl"  # the trainer's NVML rows (telemetry.py): {time, gpu, util_pct, mem_used_mb, ...}
@@ -176,6 +177,14 @@ def plan_fields(run_dir):
         "seq_per_s"), "plan_best_seq_per_s": (plan.get("best") or {}).get("seq_per_s")}
 
 
+def run_progress(hb):
+    """The trainer's step of total, share done and ETA (seconds of training left, by the steps or the time budget,
+    whichever ends the run) from the heartbeat; None before the first step or from a trainer without them."""
+    if hb.get("total_steps") is None:
+        return None
+    return {key: hb.get(key) for key in ("total_steps", "done_pct", "eta_s", "ends_by")}
+
+
 def status(req):
     run_dir = req["run_dir"]
     pid, launch_info, ranks, _left = run_processes(run_dir)
@@ -197,6 +206,7 @@ def status(req):
             out[key] = hb.get(key)
         out["slowest_rank"] = slowest_rank(hb, now)
         out.update(kernel_fields(hb))
+        out["progress"] = run_progress(hb)
         if not healthy and hb.get("phase") not in ("finished", "failed"):
             out["phase"] = "dead"
             out["dead_since"] = hb.get("updated_at")
@@ -216,4 +226,6 @@ def status(req):
             out["gpu_memory_note"] = str(exc)
     out["log_tail"] = log_tail(os.path.join(run_dir, LOG_NAME), req.get("status_log_lines", 0)) \
         if req.get("status_log_lines") else []
+    if req.get("report"):
+        out["report"] = run_report(run_dir, launch_info)
     return out

@@ -24,6 +24,7 @@ from .entry import answer
 from .file_digest import sha256_file
 from .file_lock import FileLock
 from .trainer_record import RECORD_NAME
+from .weights_progress import progress_for
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".install.lock"
@@ -97,14 +98,17 @@ def pip_argv(venv, req, wheel):
 
 def build(req, venv, wheel):
     """python -m venv + pip install + verify + record; raises InstallError (the caller removes venv)."""
-    timings = {}
+    timings, progress = {}, req["progress"]
     t0 = time.monotonic()
+    progress.set_phase("creating the venv")
     _run([sys.executable, "-m", "venv", venv], 300, "python3 -m venv %s" % venv)
     timings["venv"] = round(time.monotonic() - t0, 3)
     t0 = time.monotonic()
+    progress.set_phase("pip install of the trainer and %d pins" % len(req.get("pins") or []))
     _run(pip_argv(venv, req, wheel), req["pip_timeout"], "pip install of the trainer")
     timings["pip"] = round(time.monotonic() - t0, 3)
     t0 = time.monotonic()
+    progress.set_phase("verifying")
     _run([os.path.join(venv, "bin", VERIFY_COMMAND), "--help"], 300, "%s/bin/%s --help" % (venv, VERIFY_COMMAND))
     timings["verify"] = round(time.monotonic() - t0, 3)
     record = {"version": req["version"], "source_hash": req["source_hash"], "wheel_sha256": req["wheel_sha256"],
@@ -119,6 +123,7 @@ def build(req, venv, wheel):
 
 
 def install(req):
+    req.setdefault("progress", progress_for(req))
     decided = plan(dict(req, prepare=False))
     result = dict(decided, changed=False, installed=False, pruned=[], adopted=None)
     if decided["up_to_date"]:
@@ -126,6 +131,7 @@ def install(req):
     venv, staging = decided["venv"], staging_dir(req)
     try:
         if not decided["reusable"]:
+            req["progress"].set_phase("checking the wheel")
             wheel = os.path.join(staging, req["wheel_name"])
             if not os.path.isfile(wheel):
                 raise InstallError("the trainer wheel was not copied to %s: run this again" % wheel)
@@ -142,6 +148,7 @@ def install(req):
                 raise
             result["installed"] = True
         t0 = time.monotonic()
+        req["progress"].set_phase("switching %s" % req["link"])
         if decided["adopt"]:
             result["adopted"] = venvs.adopt(req["link"], req["venvs_root"], time.time())
         venvs.switch(req["link"], venv)
@@ -172,9 +179,12 @@ def _handle(req):
     if req["action"] != "install":
         raise InstallError("unknown action %r" % req["action"])
     os.makedirs(req["venvs_root"], exist_ok=True)
+    req["progress"] = progress_for(req)  # the role follows it while this runs (async)
+    req["progress"].set_phase("waiting for another install")
     # One install per container at a time (released when this process ends, also when it is killed). Another
     # install's pip is bounded by pip_timeout, so waiting that long for it says it is stuck.
     with FileLock(os.path.join(req["venvs_root"], LOCK_NAME), req["pip_timeout"], _install_busy, poll_s=0.5):
+        req["progress"].set_phase("planning")
         return install(req)
 
 

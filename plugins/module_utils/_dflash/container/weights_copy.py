@@ -31,18 +31,19 @@ class SourceChanged(Exception):
     pass
 
 
-def copy_hashing(src, dst, algorithm, expect, abort):
-    """Copy src to the new file dst; return its content hash. expect = {size, mtime_ns} seen by the plan."""
+def copy_hashing(src, dst, algorithm, expect, abort, progress=None):
+    """Copy src to the new file dst; return its content hash. expect = {size, mtime_ns} seen by the plan;
+    progress (weights_progress.CopyProgress) counts the bytes as they are written."""
     h = new_hasher(algorithm)
     with open(src, "rb", buffering=0) as fin:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             mapping = _map(fin)
             if mapping is None:
-                done = _copy_read(fin, fd, h, abort)
+                done = _copy_read(fin, fd, h, abort, progress)
             else:
                 try:
-                    done = _copy_mapped(mapping, fd, h, abort)
+                    done = _copy_mapped(mapping, fd, h, abort, progress)
                 except OSError as exc:
                     if exc.errno != errno.EFAULT:
                         raise
@@ -77,7 +78,7 @@ def _write_all(fd, chunk):
         written += os.write(fd, chunk[written:])
 
 
-def _copy_mapped(mapping, fd, h, abort):
+def _copy_mapped(mapping, fd, h, abort, progress=None):
     """Hash and write the mapping chunk by chunk; return the bytes copied (the file's size when it was mapped)."""
     view = memoryview(mapping)
     try:
@@ -87,12 +88,14 @@ def _copy_mapped(mapping, fd, h, abort):
             with view[offset:offset + BUF_BYTES] as chunk:  # released even on an error: the mapping can close
                 _write_all(fd, chunk)  # first: past a truncated source's end it fails with EFAULT, not SIGBUS
                 h.update(chunk)
+                if progress is not None:
+                    progress.add(len(chunk))
         return len(mapping)
     finally:
         view.release()
 
 
-def _copy_read(fin, fd, h, abort):
+def _copy_read(fin, fd, h, abort, progress=None):
     """Read into a buffer, hash and write it, until EOF; return the bytes copied."""
     buf = bytearray(BUF_BYTES)
     view = memoryview(buf)
@@ -107,6 +110,8 @@ def _copy_read(fin, fd, h, abort):
         h.update(chunk)
         _write_all(fd, chunk)
         done += n
+        if progress is not None:
+            progress.add(n)
 
 
 def run_parallel(jobs, threads):

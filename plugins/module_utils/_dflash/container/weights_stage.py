@@ -27,6 +27,7 @@ import time
 from .entry import answer
 from .file_lock import FileLock
 from .weights_copy import copy_hashing, run_parallel
+from .weights_progress import progress_for
 from .weights_guards import RefusedError, check_room, check_users
 from .weights_manifest import (FORMAT, MANIFEST_NAME, hash_algorithm, hash_file, incomplete,
                                read_manifest, scan_source, write_manifest)
@@ -202,13 +203,17 @@ def build(req, source_files, state, actions, algorithm, result):
         if late:
             check_room(late, os.path.dirname(dest))
 
+        to_copy = sorted((rel for rel, a in actions.items() if a == "copy"), key=lambda r: -source_files[r]["size"])
+        progress = req["progress"]
+
         def copying(rel):
             return lambda abort: copy_hashing(os.path.join(source, rel), os.path.join(tmp, rel), algorithm,
-                                              source_files[rel], abort)
-        to_copy = sorted((rel for rel, a in actions.items() if a == "copy"), key=lambda r: -source_files[r]["size"])
+                                              source_files[rel], abort, progress)
+        progress.set_phase("copying", sum(source_files[rel]["size"] for rel in to_copy))
         t0 = time.monotonic()
         hashes.update(run_parallel([(rel, copying(rel)) for rel in to_copy], threads))
         result["copy_seconds"] = time.monotonic() - t0
+        progress.set_phase("copied")
         for rel, src in source_files.items():
             size = _size(os.path.join(tmp, rel))
             if size != src["size"]:
@@ -258,10 +263,13 @@ def stage(req):
               "removed": [], "mismatched": [], "verified": [], "cleaned": [], "bytes_copied": 0,
               "files_total": len(source_files), "bytes_total": sum(f["size"] for f in source_files.values()),
               "manifest": os.path.join(dest, MANIFEST_NAME)}
+    req["progress"] = progress_for(req)  # the role follows it while this runs (async)
+    req["progress"].set_phase("waiting for the lock")
     lock = stage_lock(dest, req["lock_timeout"]) if not check else None
     if lock:
         lock.__enter__()
     try:
+        req["progress"].set_phase("planning")
         if not check:
             result["cleaned"] = recover(dest)
         state = current_state(dest)

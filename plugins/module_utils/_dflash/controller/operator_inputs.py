@@ -139,7 +139,7 @@ def run_config(config, name):
 
 # What check() reads, by the name the operator writes (a run's own name first, then the role's for direct users).
 NAMES = ("run", "training_run_name", "dflash_runs", "training_runs", "dflash_run_defaults", "training_run_defaults",
-         "force", "dflash_target_gpus", "dflash_drafter_gpus", "dflash_keep_records", "dflash_nproc_per_node",
+         "force", "report", "dflash_target_gpus", "dflash_drafter_gpus", "dflash_keep_records", "dflash_nproc_per_node",
          "dflash_vmid") + SECONDS
 
 
@@ -183,8 +183,9 @@ def check(variables):
     if run not in runs:
         raise InputError("undeclared run %s: declared runs are %s (%s); fix the name, or add the run to %s in the "
                          "inventory" % (run, ", ".join(sorted(runs)) or "none", runs_name, runs_name))
-    if "force" in variables:
-        boolean(variables["force"], "force")
+    for name in ("force", "report"):
+        if name in variables:
+            boolean(variables[name], name)
     for name in ("dflash_target_gpus", "dflash_drafter_gpus"):
         if name in variables:
             gpu_list(variables[name], name)

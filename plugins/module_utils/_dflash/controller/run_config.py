@@ -149,4 +149,4 @@ def build_request(params, check_mode=False, diff=False):
 # Options the lifecycle reads as they are (types already converted by the argument spec).
 _PASSED_THROUGH = ("stop_timeout", "gpu_release_timeout", "gpu_memory_threshold_mib", "gpu_device_pattern",
                    "settle_time", "heartbeat_timeout", "wait_for_phase", "phase_timeout", "log_tail_lines",
-                   "status_log_lines", "lock_timeout", "expect_trainer_version", "keep_records")
+                   "status_log_lines", "lock_timeout", "expect_trainer_version", "keep_records", "report")

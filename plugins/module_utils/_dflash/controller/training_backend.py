@@ -49,6 +49,7 @@ def argument_spec():
             phase_timeout=dict(type="float", default=600),
             log_tail_lines=dict(type="int", default=40),
             status_log_lines=dict(type="int", default=0),
+            report=dict(type="bool", default=False),
             lock_timeout=dict(type="float", default=900),
             keep_records=dict(type="int", default=20),
             expect_trainer_version=dict(type="str"),

@@ -35,6 +35,7 @@ def argument_spec():
         python=dict(type="str"),
         lock_timeout=dict(type="float", default=600),
         timeout=dict(type="float", default=7200),
+        progress_file=dict(type="path"),
     ))
     return transport_argument_spec().merge(own)
 
@@ -59,7 +60,8 @@ def build_request(params, check_mode=False, diff=False):
                              % (source, dest))
     if not 1 <= params["threads"] <= 64:
         raise ValueError("threads must be between 1 and 64, got %r" % (params["threads"],))
-    return {"source": source, "dest": dest, "verify": params["verify"], "force": bool(params["force"]),
+    progress_file = _absolute(params["progress_file"], "progress_file") if params.get("progress_file") else None
+    return {"progress_file": progress_file, "source": source, "dest": dest, "verify": params["verify"], "force": bool(params["force"]),
             "runs_root": runs_root, "threads": params["threads"], "lock_timeout": params["lock_timeout"],
             "check_mode": bool(check_mode), "diff": bool(diff)}
 

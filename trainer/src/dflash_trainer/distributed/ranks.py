@@ -34,6 +34,7 @@ from dflash_trainer.loop.schedule import Schedule
 from dflash_trainer.loop.step import drafter_micro_batch
 from dflash_trainer.telemetry.writers import NvmlTelemetry
 from dflash_trainer.loop.wall_clock import training_clock
+from dflash_trainer.telemetry.launch_event import record_launch
 from dflash_trainer.telemetry.wandb_log import WandbLog
 
 STOP_REQUESTED, STOP_AT = "dflash/stop_requested", "dflash/stop_at"
@@ -252,6 +253,8 @@ def run_drafter(cfg: TrainConfig, world: World, plan_factory, drafter_cfg: Draft
         wandb_run = WandbLog.open(cfg, say, world.layout) if leader else None
         if wandb_run is not None:
             stack.push(lambda exc_type, exc, tb: wandb_run.close(0 if exc_type is None else 1))
+        if leader:
+            record_launch(cfg.run_dir, state.step, say, wandb_run)
         profile = RankProfile(progress, world, cfg, wandb_run, nvml)
         plan = plan_factory()
         books = Bookkeeping(stack, cfg, writer=leader, state=state, reducer=reducer, optimizer=optimizer,

@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from dflash_trainer.eval.prompt_progress import PromptProgress, each
 from dflash_trainer.eval.decode_attention import use_plan_free_attention
 from dflash_trainer.eval.spec_decode import (DFlashProposer, PromptLookupProposer, reference_greedy,
                                         speculative_decode, summarize)
@@ -128,20 +129,24 @@ def check_lossless(outputs: list[list[int]], references: list[list[int]]) -> dic
             "mismatches": mismatches}
 
 
-def run_method(model, prompts, proposer, block_size, max_new_tokens, eos, references) -> dict:
-    results = [speculative_decode(model, p, proposer, block_size, max_new_tokens, eos) for p in prompts]
+def run_method(model, prompts, proposer, block_size, max_new_tokens, eos, references, progress=None,
+               label: str = "decode") -> dict:
+    results = [speculative_decode(model, p, proposer, block_size, max_new_tokens, eos)
+               for p in each(progress, label, prompts)]
     summary = summarize(results, block_size)
     summary.update(check_lossless([r.tokens for r in results], references))
     return summary
 
 
 def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, max_new_tokens: int,
-             eos: set[int], ngram: int = 3, baseline: bool = True, references=None) -> dict:
-    """The report dict; `references` (a previous report's) skips recomputing the greedy decodes."""
+             eos: set[int], ngram: int = 3, baseline: bool = True, references=None,
+             progress: PromptProgress | None = None) -> dict:
+    """The report dict; `references` (a previous report's) skips recomputing the greedy decodes; `progress`
+    reports each prompt of each method (prompt_progress.py)."""
     report = {"block_size": block_size, "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
               "methods": {}}
     if references is None:
-        refs = [reference_greedy(model, p, max_new_tokens, eos) for p in prompts]
+        refs = [reference_greedy(model, p, max_new_tokens, eos) for p in each(progress, "target only", prompts)]
         wall = sum(r.wall_s for r in refs)
         n_tok = sum(len(r.tokens) for r in refs)
         report["target_only"] = {"num_new_tokens": n_tok, "wall_s": round(wall, 3),
@@ -151,10 +156,11 @@ def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, 
     report["references"] = references
     if drafter is not None:
         report["methods"]["dflash"] = run_method(model, prompts, DFlashProposer(drafter), block_size,
-                                                 max_new_tokens, eos, references)
+                                                 max_new_tokens, eos, references, progress, "dflash")
     if baseline:
         report["methods"][f"prompt_lookup_n{ngram}"] = run_method(model, prompts, PromptLookupProposer(ngram),
-                                                                  block_size, max_new_tokens, eos, references)
+                                                                  block_size, max_new_tokens, eos, references,
+                                                                  progress, f"prompt_lookup_n{ngram}")
     return report
 
 
@@ -214,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = load_prompts(args.prompts, tokenizer, args.num_prompts)
         report = evaluate(model, prompts, drafter=drafter, block_size=block, max_new_tokens=args.max_new_tokens,
                           eos=eos_ids(args.target_model, model, tokenizer), ngram=args.ngram,
-                          baseline=not args.no_baseline)
+                          baseline=not args.no_baseline, progress=PromptProgress())
     except (ValueError, OSError) as e:
         print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-model", required=True, help="the target model dir the drafter was trained against")
     p.add_argument("--out", required=True, help="export directory (config.json + model.safetensors)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--wandb-artifact", metavar="RUN_DIR", default=None,
+                   help="also log the export as a model artifact of the W&B run of the training run in RUN_DIR "
+                        "(WANDB_PROJECT; dflash_trainer[wandb])")
     args = p.parse_args(argv)
     try:
         if not os.path.isfile(os.path.join(args.target_model, "config.json")):
@@ -165,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dflash-export: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(f"exported {used} -> {args.out}")
+    if args.wandb_artifact:
+        from dflash_trainer.telemetry.wandb_log import log_export_artifact
+        try:
+            log_export_artifact(args.wandb_artifact, args.out, used, print)
+        except (ValueError, ImportError) as e:
+            print(f"dflash-export: error: the export is written, but not logged to W&B: {e}", file=sys.stderr)
+            return 2
     with open(os.path.join(args.out, "config.json")) as f:
         factor = json.load(f)["rope_parameters"].get("partial_rotary_factor")
     if factor is not None and factor < 1.0:

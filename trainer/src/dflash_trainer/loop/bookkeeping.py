@@ -51,6 +51,7 @@ class Bookkeeping:
         self.saved_step, self.saved_path = saved
         self.window, self.last_row, self.pending = Window(), {}, pending_snapshots(cfg)
         self.metrics = self.snapshots = None
+        self.eta = None  # loop.eta.Eta, the loop's (drafter_loop.LoopParts sets it)
         if writer:
             self.metrics = JsonlWriter(os.path.join(cfg.run_dir, "metrics.jsonl"))
             stack.callback(self.metrics.close)
@@ -85,15 +86,20 @@ class Bookkeeping:
                    "slot_acc": [round(a, 4) for a in acc], "tau_proxy": acceptance_proxy(acc),
                    "tokens_per_s": w.tokens / w.time, "lr": lr, "noise": amp, "grad_norm": grad_norm,
                    "num_bad_steps": st.num_bad_steps, "data_crc": w.crc, "train_s": round(st.train_s, 3),
-                   "sequences": st.num_sequences, **self.source.metrics_fields(), "time": time.time()}
+                   "sequences": st.num_sequences, **self.source.metrics_fields(), **self._eta_fields(),
+                   "time": time.time()}
             self.metrics.write(row)
             if self.wandb_run is not None:
                 self.wandb_run.metrics(row)
             self.last_row.update(row)
-            self.say(f"step {st.step} epoch {st.data['epoch']} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
+            self.say(f"step {st.step}{self.eta.log_words() if self.eta else ''} epoch {st.data['epoch']} loss {row['loss']:.4f} acc1 {acc[1]:.3f} "
                      f"tau {row['tau_proxy']:.3f} tokens/s {row['tokens_per_s']:.1f} lr {lr:.3e} noise {amp:.4f} "
                      f"train {st.train_s:.1f} s" + self.source.log_suffix())
         self.window = Window()
+
+    def _eta_fields(self) -> dict:
+        """total_steps, done_pct, eta_s, ends_by of the last step (none before the loop's first)."""
+        return dict(self.eta.fields) if self.eta else {}
 
     def take_due_snapshots(self, last_step) -> None:
         """The snapshots whose minutes the training clock has reached: the weights after the last step (on every

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dflash_trainer.loop.eta import Eta
 from dflash_trainer.loop.step import derived_seed
 
 
@@ -33,10 +34,13 @@ class LoopParts:
     say: object
     block_size: int
     train_s0: float = field(init=False)
+    eta: Eta = field(init=False)  # step of total, share done, ETA: the log lines, metrics and heartbeat
     last_micro: object = None  # FSDP repeats it, zero-weighted, where a short last step leaves a rank fewer
 
     def __post_init__(self):
         self.train_s0 = self.state.train_s  # the training time resumed from: the clock goes on from there
+        self.eta = Eta(self.total_steps, self.schedule.budget_s)
+        self.books.eta = self.eta
 
 
 @dataclass
@@ -91,7 +95,8 @@ def train(p: LoopParts) -> Outcome:
         st.num_sequences += agreed.sequences
         p.profile.add("optimizer", time.perf_counter() - out.t_opt)
         elapsed = time.perf_counter() - out.t_step
-        p.profile.after_step(st, agreed, out.tokens, out.items, elapsed, p.source.depth())
+        p.eta.update(st.step, st.train_s)
+        p.profile.after_step(st, agreed, out.tokens, out.items, elapsed, p.source.depth(), p.eta.fields)
         books.window.add_step(agreed.loss, agreed.tokens, elapsed, agreed.correct, agreed.count)
         last = (lr, amp, out.grad_norm)
         if st.step % cfg.log_interval == 0 or st.step == p.total_steps or stopping:

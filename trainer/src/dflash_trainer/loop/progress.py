@@ -41,11 +41,13 @@ class LocalProfile:
     def add(self, name: str, seconds: float) -> None:
         self.profiler.add(name, seconds)
 
-    def after_step(self, state, agreed, tokens: int, items: int, seconds: float, depth: int) -> None:
-        """After optimizer step `state.step`: `agreed` (reducers.Agreed), this rank's tokens and micro-batches."""
+    def after_step(self, state, agreed, tokens: int, items: int, seconds: float, depth: int,
+                   eta_fields: dict) -> None:
+        """After optimizer step `state.step`: `agreed` (reducers.Agreed), this rank's tokens and micro-batches,
+        the run's progress (eta.Eta's fields)."""
         self.step = state.step
         self.heartbeat.update(step=state.step, epoch=state.data["epoch"], loss=agreed.loss,
-                              tokens_per_s=agreed.tokens / max(seconds, 1e-9))
+                              tokens_per_s=agreed.tokens / max(seconds, 1e-9), **eta_fields)
 
     def after_metrics(self, state, tokens: int) -> None:
         self.profiler.tokens += tokens
@@ -122,7 +124,8 @@ class RankProfile:
     def add(self, name: str, seconds: float) -> None:
         self.progress.add(name, seconds)
 
-    def after_step(self, state, agreed, tokens: int, items: int, seconds: float, depth: int) -> None:
+    def after_step(self, state, agreed, tokens: int, items: int, seconds: float, depth: int,
+                   eta_fields: dict) -> None:
         p = self.progress
         p.add("step", seconds)
         p.update(step=state.step, items=p.row["items"] + items, tokens=p.row["tokens"] + tokens,
@@ -131,7 +134,7 @@ class RankProfile:
             self.world.store.set(PROGRESS, json.dumps({"step": state.step, "epoch": state.data["epoch"],
                                                        "loss": agreed.loss,
                                                        "tokens_per_s": agreed.tokens / max(seconds, 1e-9),
-                                                       "queue_depth": depth}))
+                                                       "queue_depth": depth, **eta_fields}))
 
     def after_metrics(self, state, tokens: int) -> None:
         if self.wandb_run is not None and time.time() - self.wandb_profiled >= self.cfg.profile_interval:

@@ -41,6 +41,7 @@ from dflash_trainer.loop.step import drafter_micro_batch
 from dflash_trainer.telemetry.writers import NvmlTelemetry
 from dflash_trainer.loop.wall_clock import training_clock
 from dflash_trainer.telemetry.wandb_log import WandbLog, check_available
+from dflash_trainer.telemetry.launch_event import record_launch
 
 
 def log(msg: str) -> None:
@@ -223,6 +224,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
         wandb_run = WandbLog.open(cfg, log)
         if wandb_run is not None:
             stack.push(lambda exc_type, exc, tb: wandb_run.close(0 if exc_type is None else 1))
+        record_launch(cfg.run_dir, state.step, log, wandb_run)
         reducer = OneProcess(drafter, stop, clock)
         profile = LocalProfile(stack, cfg, log, heartbeat, wandb_run, nvml)
         source = LocalTarget(target, plan, profile)

@@ -9,14 +9,21 @@ it only to mask it out of the one line it logs from a wandb error).
 An online run that W&B refuses or cannot reach (no network, a revoked key) falls back to an offline run in the
 same place, with one log line: the run's weights are loaded by then, and a run the restart playbook saw alive must
 not die minutes later for its metrics' sake (`wandb sync` uploads the offline run later).
+One W&B run per training run: its id is kept in <run-dir>/wandb_run_id (RUN_ID_FILE) and every restart resumes it
+(resume="allow"), so a run restarted ten times is one chart, continued at the step it resumed from; the run's name
+(its directory's) is the W&B group. The offline fallback keeps the same id, so `wandb sync` joins the two.
 """
 
 from __future__ import annotations
 
 import numbers
 import os
+import secrets
+import string
 
 from dflash_trainer.config import StartupError, TrainConfig
+
+RUN_ID_FILE = "wandb_run_id"
 
 
 def wandb_project(cfg: TrainConfig) -> str | None:
@@ -49,6 +56,23 @@ def _numbers(prefix: str, row: dict) -> dict:
     return out
 
 
+def run_id(run_dir: str) -> str:
+    """The W&B run id of this training run: the one kept in the run directory, or a new one kept there now."""
+    path = os.path.join(run_dir, RUN_ID_FILE)
+    try:
+        with open(path) as f:
+            kept = f.read().strip()
+        if kept:
+            return kept
+    except FileNotFoundError:
+        pass
+    new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # W&B's id alphabet
+    with open(path + ".tmp", "w") as f:
+        f.write(new + "\n")
+    os.replace(path + ".tmp", path)
+    return new
+
+
 def why(exc: Exception) -> str:
     """The first line of wandb's error, without the API key should it ever quote it."""
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
@@ -72,7 +96,8 @@ class WandbLog:
             return None
         import wandb
         os.makedirs(cfg.run_dir, exist_ok=True)
-        init = dict(project=project, dir=cfg.run_dir, name=os.path.basename(os.path.normpath(cfg.run_dir)),
+        name = os.path.basename(os.path.normpath(cfg.run_dir))
+        init = dict(project=project, dir=cfg.run_dir, name=name, group=name, id=run_id(cfg.run_dir), resume="allow",
                     config={**cfg.to_dict(), **({"world": layout} if layout else {})},
                     # train.log already holds stdout: no second copy, no wrapped streams in the trainer
                     settings=wandb.Settings(console="off"))
@@ -81,6 +106,7 @@ class WandbLog:
         except wandb.errors.Error as exc:   # CommError: unreachable (after its init_timeout) or refused
             say(f"W&B: online run refused or unreachable ({why(exc)}); logging offline under "
                 f"{os.path.join(cfg.run_dir, 'wandb')} instead (`wandb sync` uploads it later)")
+            wandb.teardown()  # the refused run's service and settings go, so the offline run starts clean
             return cls(wandb.init(**init, mode="offline"))
 
     def log(self, step: int, values: dict) -> None:
@@ -99,5 +125,33 @@ class WandbLog:
     def gpus(self, step: int, latest: dict) -> None:
         self.log(step, {k: v for gpu, row in sorted(latest.items()) for k, v in _numbers(f"gpu/{gpu}", row).items()})
 
+    def event(self, step: int, name: str, reason: str) -> None:
+        """A restart (or other event) at `step`: events/<name> = 1 and its reason as text in the run."""
+        self.log(step, {f"events/{name}": 1, f"events/{name}_reason": reason})
+
     def close(self, exit_code: int = 0) -> None:
         self.run.finish(exit_code=exit_code)
+
+
+def log_export_artifact(run_dir: str, export_dir: str, checkpoint: str, say) -> str:
+    """dflash-export --wandb-artifact RUN_DIR: the export dir as a `model` artifact of the training run's one W&B run
+    (its id kept in RUN_DIR, resumed; WANDB_PROJECT names the project, WANDB_MODE=offline keeps it local). Returns
+    the artifact's name. Best after training ends: an online run takes one writer at a time."""
+    project = os.environ.get("WANDB_PROJECT")
+    if not project:
+        raise ValueError("--wandb-artifact needs WANDB_PROJECT (the project the training run logs to); set it")
+    if not os.path.isfile(os.path.join(run_dir, RUN_ID_FILE)):
+        raise ValueError(f"{run_dir} has no {RUN_ID_FILE}: it is not the run directory of a run logged to W&B; "
+                         "pass the run's --run-dir")
+    import wandb
+    name = os.path.basename(os.path.normpath(run_dir))
+    run = wandb.init(project=project, dir=run_dir, name=name, group=name, id=run_id(run_dir), resume="allow",
+                     settings=wandb.Settings(console="off"))
+    try:
+        artifact = wandb.Artifact(f"{name}-drafter", type="model", metadata={"checkpoint": checkpoint})
+        artifact.add_dir(export_dir)
+        run.log_artifact(artifact)
+    finally:
+        run.finish()
+    say(f"W&B: logged {export_dir} as artifact {name}-drafter of run {run_id(run_dir)}")
+    return f"{name}-drafter"

@@ -189,3 +189,13 @@ def test_a_second_install_waits_for_the_first_then_says_it_is_stuck(tmp_path):
     msg = str(refused.value)
     assert "another trainer install in this container held" in msg and trainer_install.LOCK_NAME in msg
     assert "\n" not in msg and os.listdir(str(venvs_root)) == [trainer_install.LOCK_NAME]
+
+
+def test_the_install_keeps_its_phase_in_the_file_the_role_follows(tmp_path):
+    box = Box(tmp_path)
+    progress = os.path.join(box.root, ".install-progress.json")
+    installed = box.install(make_wheel(tmp_path, "0.1.0"), progress_file=progress)
+    assert installed["installed"]
+    with open(progress) as f:
+        assert json.load(f)["phase"] == "switching %s" % box.link  # the last phase it went through
+    assert box.venvs() == [".install-progress.json", installed["key"]]  # a dot file: never taken for a venv

@@ -358,3 +358,20 @@ def test_bad_requests_are_refused_on_the_controller(tmp_path, params, needle):
     with pytest.raises(ValueError) as exc:
         req(tmp_path, **params)
     assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_copy_keeps_its_progress_in_the_file_the_role_follows(tmp_path, model):
+    progress = tmp_path / "shm" / ".M.progress.json"
+    first = stage(tmp_path, progress_file=str(progress))
+    kept = json.loads(progress.read_text())
+    assert kept["phase"] == "copied" and kept["copied_bytes"] == kept["total_bytes"] == first["bytes_copied"]
+    assert kept["mb_per_s"] > 0
+    write(model / "model-00002-of-00002.safetensors", 2 * MB, seed=9)  # one shard changed: only it is copied
+    stage(tmp_path, progress_file=str(progress))
+    assert json.loads(progress.read_text())["total_bytes"] == 2 * MB
+    progress.unlink()
+    stage(tmp_path, progress_file=str(progress))  # nothing to copy: the last phase it reached
+    assert json.loads(progress.read_text())["phase"] == "planning"
+    stage(tmp_path, progress_file=str(progress), check_mode=True, force=True)
+    assert json.loads(progress.read_text())["phase"] == "planning"  # check mode writes nothing
+    assert sorted(os.listdir(tmp_path / "shm"))[:2] == [".M.lock", ".M.progress.json"]  # no temp file left

@@ -1,0 +1,1 @@
+"""dflash-report: a run's pictures (report/cli.py)."""
