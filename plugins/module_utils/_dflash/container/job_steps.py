@@ -17,6 +17,7 @@ Stdlib only: part of the package shipped into the container (controller/lifecycl
 import os
 import time
 
+from .job_nodes import node_label
 from .job_ranks import is_healthy, rank_states
 from .procfs import POLL_S, cmdline, cmdline_matches, is_alive
 from .run_records import LOG_NAME, read_json, read_pid, unlink, write_json_atomic
@@ -46,12 +47,6 @@ def refuse_if_reserved(req, error):
                     "for that restart to end (or %ss after it began, if its play died)"
                     % (held.get("run"), held.get("token"), time.time() - float(held.get("at", 0)),
                        req["lock_timeout"]))
-
-
-def node_label(req):
-    job = req.get("job") or req.get("nodes_view") or {}
-    nodes, node = job.get("nodes") or [], job.get("node")
-    return "node %s (%s)" % (node, nodes[node]["address"]) if nodes and node is not None else "this node"
 
 
 def node_state(req):
@@ -133,3 +128,4 @@ def verify_node(req, error, stop_leftovers):
                 len(ranks), job["nproc_per_node"], "" if hb_ok else ", no heartbeat%s" % (
                     " in phase %s" % want if want and hb else ""), round(limit, 1)))
         time.sleep(POLL_S)
+

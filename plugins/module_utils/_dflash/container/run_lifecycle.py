@@ -21,7 +21,8 @@ from .entry import answer
 from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, wait_for_release
 from .job_ranks import clear_rank_files, is_healthy, rank_states, stop_job
-from .job_steps import node_label, refuse_if_reserved, release, reserve, reserved, verify_node
+from .job_nodes import node_label
+from .job_steps import refuse_if_reserved, release, reserve, reserved, verify_node
 from .procfs import POLL_S, cmdline, cmdline_matches, stop_group
 from .run_name import validate_run_name
 from .run_paths import check_not_system_dir, check_reserved_env

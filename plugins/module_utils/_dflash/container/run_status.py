@@ -11,6 +11,7 @@ import time
 
 from .gpu_release import nvml_snapshot
 from .job_ranks import is_healthy, job_state, rank_states, slowest_rank
+from .job_nodes import node_status
 from .procfs import cmdline, cmdline_matches, is_alive
 from .run_records import EXIT_RECORD, LOG_NAME, STOP_RECORD, exit_text, own_record, read_json, read_pid
 
@@ -162,4 +163,4 @@ def status(req):
             out["gpu_memory_note"] = str(exc)
     out["log_tail"] = log_tail(os.path.join(run_dir, LOG_NAME), req.get("status_log_lines", 0)) \
         if req.get("status_log_lines") else []
-    return out
+    return node_status(out, out["world"])

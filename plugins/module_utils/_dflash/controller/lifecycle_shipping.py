@@ -17,9 +17,9 @@ import sys
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash import container
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import (
-    entry, file_digest, file_lock, gpu_release, job_ranks, job_steps, nvidia_userspace, nvidia_version, procfs, run_lifecycle,
-    run_name, run_paths, run_records, run_space, run_status, trainer_check, trainer_install, trainer_record,
-    trainer_venvs, weights_copy, weights_guards, weights_manifest, weights_stage)
+    entry, file_digest, file_lock, gpu_release, job_nodes, job_ranks, job_steps, nvidia_userspace, nvidia_version,
+    procfs, run_lifecycle, run_name, run_paths, run_records, run_space, run_status, trainer_check, trainer_install,
+    trainer_record, trainer_venvs, weights_copy, weights_guards, weights_manifest, weights_stage)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import TransportError
 
@@ -47,7 +47,7 @@ def sources():
     global _SOURCES
     if _SOURCES is None:
         _SOURCES = {PACKAGE: inspect.getsource(container)}
-        for module in (entry, file_digest, file_lock, procfs, job_ranks, job_steps, gpu_release, run_name, run_paths,
+        for module in (entry, file_digest, file_lock, procfs, job_nodes, job_ranks, job_steps, gpu_release, run_name, run_paths,
                        run_records, run_space, run_status, run_lifecycle, weights_manifest, weights_copy,
                        weights_guards, weights_stage, trainer_check, trainer_record, trainer_venvs, trainer_install, nvidia_version,
                        nvidia_userspace):

@@ -129,7 +129,9 @@ def rendezvous_argv(plan, rdzv_port, join_timeout):
         raise ValueError("rdzv_port must be a TCP port (1-65535), got %r" % (rdzv_port,))
     return ["--nnodes=%d" % len(nodes), "--node-rank=%d" % node, "--rdzv-backend=c10d",
             "--rdzv-endpoint=%s:%d" % (nodes[0]["address"], rdzv_port), "--rdzv-id=" + RDZV_PLACEHOLDER,
-            "--rdzv-conf=join_timeout=%d" % max(1, int(math.ceil(join_timeout))), "--max-restarts=0",
+            # node 0 hosts the rendezvous store, never a guess from the host name (containers sharing addresses)
+            "--rdzv-conf=join_timeout=%d,is_host=%d" % (max(1, int(math.ceil(join_timeout))), int(node == 0)),
+            "--max-restarts=0",
             "--local-addr=%s" % nodes[node]["address"]]
 
 
@@ -213,10 +215,11 @@ def build_request(params, check_mode=False, diff=False):
 
 def _job_view(argv, job):
     """What defines a job over nodes, the same on every node: argv less this node's own options (--node-rank,
-    --local-addr, --nproc-per-node), plus every node's address and process count."""
+    --local-addr, --nproc-per-node, --rdzv-conf's is_host, the trainer's --run-dir on this node), plus every node's
+    address and process count."""
     if not job or not job.get("nodes"):
         return argv
-    own = ("--node-rank=", "--local-addr=", "--nproc-per-node=")
+    own = ("--node-rank=", "--local-addr=", "--nproc-per-node=", "--rdzv-conf=", "--run-dir=")
     return [a for a in argv if not a.startswith(own)] + ["nodes=%s" % json.dumps(job["nodes"], sort_keys=True)]
 
 
