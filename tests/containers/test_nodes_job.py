@@ -37,8 +37,10 @@ def inventory(path: Path) -> Path:
     """The harness inventory's connection and group settings, with the two nodes as its hosts."""
     base = yaml.safe_load(HARNESS_INVENTORY.read_text())["dflash_training"]["vars"]
     group = yaml.safe_load((HARNESS_INVENTORY.parent / "group_vars" / "dflash_training.yml").read_text())
+    # no wait for the training phase: a node's part counts as launched once its agent and ranks run (and node 0's
+    # heartbeat is written); the test waits for the steps it needs itself
     group.update(dflash_runs={RUN: RUN_CONFIG}, dflash_stop_timeout=30, dflash_heartbeat_timeout=60,
-                 dflash_phase_timeout=120)
+                 dflash_wait_for_phase=None)
     hosts = {"node0": {"dflash_vmid": VMIDS[0], "dflash_node_address": "127.0.0.1"},
              "node1": {"dflash_vmid": VMIDS[1], "dflash_node_address": "127.0.0.2"}}
     path.write_text(yaml.safe_dump({"dflash_training": {"vars": {**base, **group}, "hosts": hosts}}))
@@ -104,10 +106,24 @@ def cluster(golden, trainer_wheel, tmp_path_factory):
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def restart(play, inv, **extra):
-    r = play(PLAYBOOKS / "restart_training.yml", {"run": RUN, **extra}, inventory=inv)
+PLAY_SECONDS = []  # (what, seconds) of every play, printed at the end of the module
+
+
+def run(play, inv, what, playbook, **extra):
+    r = play(PLAYBOOKS / playbook, {"run": RUN, **extra}, inventory=inv)
+    PLAY_SECONDS.append((what, round(r.seconds, 1)))
     assert r.rc == 0, failure(r)
     return r
+
+
+def restart(play, inv, what, **extra):
+    return run(play, inv, what, "restart_training.yml", **extra)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_times():
+    yield
+    print("\n[harness] job over two nodes, seconds per play: " + ", ".join("%s %s" % w for w in PLAY_SECONDS))
 
 
 def metrics(ct):
@@ -118,12 +134,11 @@ def step_of(ct):
     return (ct.read_json(f"{RUN_DIR}/heartbeat.json") or {}).get("step") or 0
 
 
-def test_a_job_over_two_nodes_launches_restarts_resumes_and_stops(cluster, play):
+def test_a_job_over_two_nodes_launches_is_kept_and_restarts_with_a_changed_flag_resuming(cluster, play):
     (n0, n1), inv = cluster
-    r1 = restart(play, inv)
+    r1 = restart(play, inv, "launch")
     a0, a1 = job_result(r1, "node0"), job_result(r1, "node1")
-    first0 = r1.task("Training job tiny2n: verify", "node0")
-    first1 = r1.task("Training job tiny2n: verify", "node1")
+    first0, first1 = r1.task("Training job tiny2n: verify", "node0"), r1.task("Training job tiny2n: verify", "node1")
     assert [(k["rank"], k["role"], k["node"]) for k in first0["ranks"]] == [(0, "target", 0), (1, "drafter", 0)]
     assert [(k["rank"], k["role"], k["node"]) for k in first1["ranks"]] == [(2, "drafter", 1)]
     old0, old1 = job_pids(n0), job_pids(n1)
@@ -134,29 +149,36 @@ def test_a_job_over_two_nodes_launches_restarts_resumes_and_stops(cluster, play)
     assert a0["job_token"] == a1["job_token"] and f"-{a0['job_token']}" in " ".join(launch1["argv"])
 
     # the same again: a no-op for the whole job
-    again = restart(play, inv)
+    again = restart(play, inv, "no-op")
     assert job_result(again, "node0")["action"] == "noop"
     assert job_pids(n0) == old0 and job_pids(n1) == old1
-    wait_for(lambda: step_of(n0) >= 2, 120, "two optimizer steps of the job")
-    st = play(PLAYBOOKS / "training_status.yml", {"run": RUN}, inventory=inv)
-    assert st.rc == 0 and "node 1 (127.0.0.2)" in st.stdout, failure(st)
+    wait_for(lambda: step_of(n0) >= 2, 180, "two optimizer steps of the job")
+    st = run(play, inv, "status", "training_status.yml")
+    assert "node 1 (127.0.0.2) of the job over 2 nodes" in st.stdout, failure(st)
 
     # a changed flag: both nodes' ranks stop (the drafters checkpoint to the shared dir), one new job resumes
-    r2 = restart(play, inv, dflash_runs={RUN: {**RUN_CONFIG, "trainer_args": {**TRAINER_ARGS, "hs_queue_depth": 4}}})
+    r2 = restart(play, inv, "changed flag",
+                 dflash_runs={RUN: {**RUN_CONFIG, "trainer_args": {**TRAINER_ARGS, "hs_queue_depth": 4}}})
     stops = [r2.task("Training job tiny2n: stop", f"node{n}")["stopped"] for n in (0, 1)]
     assert [s[0]["signal"] for s in stops] == ["SIGTERM", "SIGTERM"], stops
     new0, new1 = job_pids(n0), job_pids(n1)
-    assert len(new0) == 3 and len(new1) == 2 and not new0 & old0
-    assert "resumed from" in (n0.read(f"{RUN_DIR}/train.log") or "")
+    assert len(new0) == 3 and len(new1) == 2 and not new0 & old0 and not new1 & old1
+    saved = wait_for(lambda: "resumed from" in (n0.read(f"{RUN_DIR}/train.log") or ""), 120, "the resume")
     resumed_at = step_of(n0)
     wait_for(lambda: step_of(n0) >= resumed_at + 2, 120, "two steps after the resume")
+    assert saved
 
-    sp = play(PLAYBOOKS / "stop_training.yml", {"run": RUN}, inventory=inv)
-    assert sp.rc == 0, failure(sp)
-    assert job_pids(n0) == set() and job_pids(n1) == set()
 
-    # no batch repeated or skipped: the job's steps and their data against a one-process run's (same data per step:
-    # 1 process x 2 micro-batches = 2 drafter ranks x 1)
+def test_a_rank_killed_on_node_1_ends_the_job_on_both_nodes_and_no_batch_was_repeated_or_skipped(cluster, play):
+    (n0, n1), inv = cluster
+    if not job_pids(n1):
+        restart(play, inv, "launch again")
+    (rank2,) = [int(p) for p in n1.sh(f"cat {RUN_DIR}/ranks/2.pid").stdout.split()]
+    n1.sh(f"kill -KILL {rank2}")
+    wait_for(lambda: not job_pids(n0) and not job_pids(n1), 60, "the job's end on both nodes")
+
+    # the jobs so far (launch, then the resume after the changed flag): their steps and each step's data against a
+    # one-process run's (the same 2 micro-batches per optimizer step: 1 process x 2 = 2 drafter ranks x 1)
     rows = metrics(n0)
     steps = [r["step"] for r in rows]
     assert steps == list(range(1, len(steps) + 1)), steps
@@ -176,28 +198,18 @@ def group_trainer_args():
     return args
 
 
-def test_a_rank_killed_on_node_1_ends_the_job_on_both_nodes(cluster, play):
+def test_node_1_stopped_mid_run_ends_the_job_and_a_restart_leaves_one_job_then_stop_ends_it(cluster, play):
     (n0, n1), inv = cluster
-    r = restart(play, inv)
-    (rank2,) = r.task("Training job tiny2n: verify", "node1")["ranks"]
-    n1.sh(f"kill -KILL {rank2['pid']}")
-    wait_for(lambda: not job_pids(n0) and not job_pids(n1), 60, "the job's end on both nodes")
-    st = play(PLAYBOOKS / "training_status.yml", {"run": RUN}, inventory=inv)
-    assert st.rc == 0 and st.task("Training run tiny2n: status", "node0")["alive"] is False, failure(st)
-
-
-def test_node_1_stopped_mid_run_ends_the_job_and_a_restart_leaves_one_job(cluster, play):
-    (n0, n1), inv = cluster
-    restart(play, inv)
+    restart(play, inv, "launch")
     lxc.stop(n1.name, kill=True)
     # node 0's ranks lose their peer: the job ends there too, not hanging on its ranks
     wait_for(lambda: not job_pids(n0), 90, "node 0's part to end after node 1's container stopped")
     lxc.start(n1.name)
     lxc.wait_ready(n1.name)
-    r = restart(play, inv)
-    v0 = r.task("Training job tiny2n: verify", "node0")
-    v1 = r.task("Training job tiny2n: verify", "node1")
+    r = restart(play, inv, "restart after node 1 came back")
+    v0, v1 = r.task("Training job tiny2n: verify", "node0"), r.task("Training job tiny2n: verify", "node1")
     assert job_pids(n0) == {v0["pid"]} | {k["pid"] for k in v0["ranks"]}
     assert job_pids(n1) == {v1["pid"]} | {k["pid"] for k in v1["ranks"]}
-    sp = play(PLAYBOOKS / "stop_training.yml", {"run": RUN}, inventory=inv)
-    assert sp.rc == 0 and not job_pids(n0) and not job_pids(n1), failure(sp)
+    sp = run(play, inv, "stop", "stop_training.yml")
+    stopped = [sp.task("Training run tiny2n: stopped", h)["stopped"][0]["signal"] for h in ("node0", "node1")]
+    assert not job_pids(n0) and not job_pids(n1) and "SIGKILL" not in stopped, stopped

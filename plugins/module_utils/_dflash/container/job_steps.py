@@ -3,7 +3,8 @@
 # Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
 # SPDX-License-Identifier: Apache-2.0
 """One node's part of restarting a torchrun job that spans nodes, one step per call (the training role calls each
-step on every node before the next step anywhere: reserve, stop, await_gpus, launch, verify, release).
+step on every node before the next step anywhere: reserve; stop, then this node's GPU release; launch; verify, then
+release - alone when the job was kept, or after a failure).
 
 A restart of such a job cannot run under one flock: it spans several module calls and several containers. So
 `reserve` writes a reservation (<runs root>/.dflash-job.json: the restart's token, the run, when) under this node's

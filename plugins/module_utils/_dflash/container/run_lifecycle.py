@@ -454,11 +454,10 @@ def job_step(req):
             result.update(reserve(req, lambda r: checked_settings(r, conflicting_runs(r)[0], timings)))
             return result
         held = reserved(req, LifecycleError)
-        if step == "stop":
+        if step == "stop":  # then this node's GPU release: once every node answered, it holds everywhere
             runs = conflicting_runs(req)[0]
             result["stopped"] = _timed(timings, "stop", _stop_all, req, runs)
             result["changed"] = bool(runs)
-        elif step == "await_gpus":
             try:
                 result["gpu_wait"] = _timed(timings, "gpu_wait", wait_for_release, req.get("gpus") or [],
                                             req["gpu_device_pattern"], req["gpu_memory_threshold_mib"],
@@ -467,10 +466,11 @@ def job_step(req):
                 raise LifecycleError("%s: %s" % (node_label(req), exc))
         elif step == "launch":
             _launch_node(req, held, result, timings)
-        elif step == "verify":
+        elif step == "verify":  # and, once this node's part is proven live, its reservation goes
             req["job"] = (read_json(os.path.join(req["run_dir"], "launch.json")) or {}).get("job") or req["job"]
             result.update(_timed(timings, "verify", verify_node, req, LifecycleError,
                                  lambda r, pid: stop_run(r["run_dir"], pid, r["stop_timeout"])))
+            result["released"] = release(req)
     return result
 
 

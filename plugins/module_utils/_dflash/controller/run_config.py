@@ -233,7 +233,7 @@ def _with_rdzv_id(argv, run, fp, token):
     return [a.replace(RDZV_PLACEHOLDER, rid) if a.startswith("--rdzv-id=") else a for a in argv]
 
 
-JOB_STEPS = ("reserve", "stop", "await_gpus", "launch", "verify", "release")
+JOB_STEPS = ("reserve", "stop", "launch", "verify", "release")
 
 
 def _job_step(params):

@@ -56,7 +56,7 @@ def argument_spec():
             nodes=dict(type="list", elements="dict", default=[]),
             node=dict(type="int", default=0),
             rdzv_port=dict(type="int", default=29400),
-            job_step=dict(type="str", choices=["reserve", "stop", "await_gpus", "launch", "verify", "release"]),
+            job_step=dict(type="str", choices=["reserve", "stop", "launch", "verify", "release"]),
             job_token=dict(type="str"),
         ),
         required_if=[("state", "started", ("command",)), ("state", "restarted", ("command",))],
