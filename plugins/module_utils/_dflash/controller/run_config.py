@@ -201,7 +201,7 @@ def build_request(params, check_mode=False, diff=False):
                run_dir=run_dir, gpus=gpus, cwd=cwd, force=bool(params["force"]))
     if state in ("started", "restarted"):
         argv, checked, job = job_argv_and_spec(params, run_dir)
-        fp = fingerprint(_job_view(argv, job), env, gpus, secret_env.keys(), cwd)
+        fp = fingerprint(_job_view(argv, job, run_dir), env, gpus, secret_env.keys(), cwd)
         if job and job.get("nodes"):
             argv = _with_rdzv_id(argv, name, fp, params.get("job_token"))
         req.update(job=job, argv=argv, check_argv=checked, env=env, secret_env=secret_env, fingerprint=fp)
@@ -213,14 +213,15 @@ def build_request(params, check_mode=False, diff=False):
     return req
 
 
-def _job_view(argv, job):
+def _job_view(argv, job, run_dir):
     """What defines a job over nodes, the same on every node: argv less this node's own options (--node-rank,
-    --local-addr, --nproc-per-node, --rdzv-conf's is_host, the trainer's --run-dir on this node), plus every node's
-    address and process count."""
+    --local-addr, --nproc-per-node, --rdzv-conf's is_host) and with this node's run directory as a placeholder, plus
+    every node's address and process count."""
     if not job or not job.get("nodes"):
         return argv
-    own = ("--node-rank=", "--local-addr=", "--nproc-per-node=", "--rdzv-conf=", "--run-dir=")
-    return [a for a in argv if not a.startswith(own)] + ["nodes=%s" % json.dumps(job["nodes"], sort_keys=True)]
+    own = ("--node-rank=", "--local-addr=", "--nproc-per-node=", "--rdzv-conf=")
+    return [a.replace(run_dir, "{run_dir}") for a in argv if not a.startswith(own)] + [
+        "nodes=%s" % json.dumps(job["nodes"], sort_keys=True)]
 
 
 def _with_rdzv_id(argv, run, fp, token):
