@@ -56,7 +56,7 @@ def job_pids(ct):
 
 def job_result(play_result, host):
     """The role's result for the job on one node (what its report prints)."""
-    return play_result.task("Job tiny2n on this node", host)["ansible_facts"]["__training_result"]
+    return play_result.task("Job on this node: tiny2n", host)["ansible_facts"]["__training_result"]
 
 
 def failure(play_result):
@@ -152,7 +152,7 @@ def test_a_job_over_two_nodes_launches_is_kept_and_restarts_with_a_changed_flag_
     again = restart(play, inv, "no-op")
     assert job_result(again, "node0")["action"] == "noop"
     assert job_pids(n0) == old0 and job_pids(n1) == old1
-    wait_for(lambda: step_of(n0) >= 2, 180, "two optimizer steps of the job")
+    wait_for(lambda: step_of(n0) >= 1, 180, "an optimizer step of the job")
     st = run(play, inv, "status", "training_status.yml")
     assert "node 1 (127.0.0.2) of the job over 2 nodes" in st.stdout, failure(st)
 
@@ -165,7 +165,7 @@ def test_a_job_over_two_nodes_launches_is_kept_and_restarts_with_a_changed_flag_
     assert len(new0) == 3 and len(new1) == 2 and not new0 & old0 and not new1 & old1
     saved = wait_for(lambda: "resumed from" in (n0.read(f"{RUN_DIR}/train.log") or ""), 120, "the resume")
     resumed_at = step_of(n0)
-    wait_for(lambda: step_of(n0) >= resumed_at + 2, 120, "two steps after the resume")
+    wait_for(lambda: step_of(n0) > resumed_at, 120, "a step after the resume")
     assert saved
 
 
