@@ -68,7 +68,8 @@ def reserve(req, settings_of):
         doc["settings"] = settings_of(req)  # fills in req["job"]'s layout and ranks' directory
         doc["job"] = req.get("job")
     write_json_atomic(reservation_path(req), doc)
-    return {"alive": alive, "same_config": same, "pid": pid, "heartbeat": hb, "would_stop": [n for n, _ in runs],
+    return {"alive": alive, "same_config": same, "pid": pid, "heartbeat": hb,
+            "would_stop": [name for name, _pid in runs],
             "fingerprint": req.get("fingerprint"), "node": node_label(req)}
 
 
@@ -129,4 +130,3 @@ def verify_node(req, error, stop_leftovers):
                 len(ranks), job["nproc_per_node"], "" if hb_ok else ", no heartbeat%s" % (
                     " in phase %s" % want if want and hb else ""), round(limit, 1)))
         time.sleep(POLL_S)
-

@@ -47,10 +47,10 @@ def sources():
     global _SOURCES
     if _SOURCES is None:
         _SOURCES = {PACKAGE: inspect.getsource(container)}
-        for module in (entry, file_digest, file_lock, procfs, job_nodes, job_ranks, job_steps, gpu_release, run_name, run_paths,
-                       run_records, run_space, run_status, run_lifecycle, weights_manifest, weights_copy,
-                       weights_guards, weights_stage, trainer_check, trainer_record, trainer_venvs, trainer_install, nvidia_version,
-                       nvidia_userspace):
+        for module in (entry, file_digest, file_lock, procfs, job_nodes, job_ranks, job_steps, gpu_release, run_name,
+                       run_paths, run_records, run_space, run_status, run_lifecycle, weights_manifest, weights_copy,
+                       weights_guards, weights_stage, trainer_check, trainer_record, trainer_venvs, trainer_install,
+                       nvidia_version, nvidia_userspace):
             _SOURCES["%s.%s" % (PACKAGE, module.__name__.rsplit(".", 1)[-1])] = inspect.getsource(module)
     return _SOURCES
 

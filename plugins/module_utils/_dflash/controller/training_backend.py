@@ -57,7 +57,7 @@ def argument_spec():
             node=dict(type="int", default=0),
             rdzv_port=dict(type="int", default=29400),
             job_step=dict(type="str", choices=["reserve", "stop", "launch", "verify", "release"]),
-            job_token=dict(type="str"),
+            job_token=dict(type="str", no_log=False),  # no secret: it is part of the rendezvous id in argv
         ),
         required_if=[("state", "started", ("command",)), ("state", "restarted", ("command",))],
     )
