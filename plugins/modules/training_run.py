@@ -187,6 +187,44 @@ options:
     description: Seconds the whole transport call may take.
     type: float
     default: 3600
+  nodes:
+    description:
+      - A torchrun job over several hosts - every node, node 0 first, each as C({address, nproc_per_node}) (the
+        address the other nodes reach it at). Empty - one host. The training role fills it from the run's C(nodes).
+      - torchrun's c10d rendezvous numbers the nodes by their address sorted as text (it ignores C(--node-rank)), so
+        nodes in another order are refused, naming the order to use. Node 0 hosts the rendezvous store and rank 0.
+      - With nodes, this host runs C(nodes[node].nproc_per_node) ranks of the job (O(nproc_per_node) is not used),
+        torchrun is started with C(--nnodes), C(--rdzv-backend=c10d), C(--rdzv-endpoint=<node 0>:<rdzv_port>) and
+        C(--rdzv-id=<name>-<fingerprint>-<job_token>), and the trainer's check sees the whole job's C(WORLD_SIZE).
+        C(launch.json) records every node; the fingerprint is the job's (the same on every node).
+      - A restart is made of O(job_step) calls, each on every node before the next (roles/training/tasks/run_nodes.yml;
+        docs/nodes.md). O(state=stopped) and O(state=status) work on each node as for one host.
+    type: list
+    elements: dict
+    default: []
+  node:
+    description: This host's index in O(nodes).
+    type: int
+    default: 0
+  rdzv_port:
+    description: TCP port of torchrun's c10d rendezvous store on node 0 (with O(nodes)).
+    type: int
+    default: 29400
+  job_step:
+    description:
+      - One step of restarting a job over O(nodes) on this node, under its lifecycle lock - V(reserve) (take the node
+        for this restart - a reservation other operations on the node are refused by until it is released or older
+        than O(lock_timeout) - report whether its part runs with this configuration, else run the trainer's check
+        before anything is stopped), V(stop) (stop the old ranks and the runs sharing its GPUs, then await the GPUs'
+        release), V(launch) (start the agent; it waits in the rendezvous), V(verify) (the agent and all of this node's
+        ranks alive, node 0's heartbeat written; then release), V(release) (give the reservation back).
+      - Required with O(nodes) for V(started) and V(restarted).
+    type: str
+    choices: [reserve, stop, launch, verify, release]
+  job_token:
+    description: This restart's token (1-32 letters and digits), the same on every node - in the rendezvous id and
+      the reservations. The training role makes one per play.
+    type: str
 seealso:
   - module: dflash.ops.pct_exec
 notes:
@@ -459,6 +497,27 @@ state:
   returned: state is status, or state is stopped with nothing to stop
   type: str
   sample: not running (stopped by SIGTERM at step 1200, checkpointed)
+node:
+  description: This node of a job over nodes, as C(node <index> (<address>)).
+  returned: with O(nodes)
+  type: str
+  sample: node 1 (10.10.0.12)
+slowest_node:
+  description: The node of the slowest rank (see RV(slowest_rank)), on the node whose heartbeat lists the ranks
+    (node 0).
+  returned: state is status, with O(nodes), when the heartbeat lists the ranks
+  type: dict
+  sample: {node: 1, address: 10.10.0.12, rank: 9, steps_behind: 3}
+job_step:
+  description: The step of a job over nodes that ran.
+  returned: with O(job_step)
+  type: str
+  sample: verify
+released:
+  description: Whether this restart's reservation of the node was given back.
+  returned: with O(job_step) V(verify) or V(release)
+  type: bool
+  sample: true
 container_note:
   description: The transport's message when the container is not running (state is V(container stopped)).
   returned: state is status or stopped and the container is not running

@@ -85,7 +85,7 @@ def rank_states(run_dir, launch_info):
     out = []
     for rank, pid in sorted(_registered(directory).items()):
         row = {"rank": rank, "pid": pid, "alive": is_rank(pid, rank, env_dir)}
-        for key in ("role", "gpu", "gpus"):  # gpus: a target rank whose layers span several
+        for key in ("role", "gpu", "gpus", "node"):  # gpus: a target rank over several GPUs; node: a job over nodes
             if key in layout.get(rank, {}):
                 row[key] = layout[rank][key]
         out.append(row)

@@ -21,6 +21,8 @@ from .entry import answer
 from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, wait_for_release
 from .job_ranks import clear_rank_files, is_healthy, rank_states, stop_job
+from .job_nodes import node_label
+from .job_steps import refuse_if_reserved, release, reserve, reserved, verify_node
 from .plain_text import plain
 from .procfs import POLL_S, cmdline, cmdline_matches, stop_group
 from .rank_ends import describe_rank
@@ -72,16 +74,28 @@ def trainer_check(req):
     """The trainer's check of this launch (trainer_check.py): its settings, and a torchrun job's layout and ranks'
     directory filled in from its answer. CheckRefused when it refuses."""
     env = launch_env(req, secrets=False)  # no check reads a secret: they stay out of one more process
-    if req.get("job"):
-        env["WORLD_SIZE"] = str(req["job"]["nproc_per_node"])
+    if req.get("job"):  # a job over nodes: the whole job's rank count
+        env["WORLD_SIZE"] = str(req["job"].get("world_size") or req["job"]["nproc_per_node"])
     report = run_check(req["check_argv"], env, check_cwd(req), req["heartbeat_timeout"])
     settings = report.get("settings") or {}
     settings.setdefault("checkpoints", os.path.join(req["run_dir"], "checkpoints"))
     if req.get("job"):
         ranks_root = settings.get("run_dir") or req["run_dir"]
-        req["job"] = dict(req["job"], layout=collection_layout(report.get("layout")),
+        req["job"] = dict(req["job"], layout=_with_nodes(collection_layout(report.get("layout")), req["job"]),
                           ranks_dir=os.path.join(ranks_root, "ranks"))
     return settings
+
+
+def _with_nodes(layout, job):
+    """Each rank's node in a job over nodes: torchrun numbers the ranks node after node (the nodes' order)."""
+    if not layout or not job.get("nodes"):
+        return layout
+    owner, first = {}, 0
+    for i, node in enumerate(job["nodes"]):
+        for rank in range(first, first + node["nproc_per_node"]):
+            owner[rank] = i
+        first += node["nproc_per_node"]
+    return [dict(row, node=owner.get(row["rank"])) for row in layout]
 
 
 def launch(req, now, settings):
@@ -323,6 +337,8 @@ def _change(req, timings):
     t_lock = time.monotonic()
     with _NoLock() if check else lifecycle_lock(req["runs_root"], req["lock_timeout"]):
         timings["lock"] = round(time.monotonic() - t_lock, 3)
+        if not check:
+            refuse_if_reserved(req, LifecycleError)  # a restart of a job over nodes holds this node
         runs, agent_pid, own_launch = conflicting_runs(req)
         # A torchrun job that lost a rank is not alive: it is replaced (what is left of it is stopped first).
         own_pid = agent_pid if is_healthy(agent_pid, rank_states(req["run_dir"], own_launch)) else None
@@ -343,20 +359,7 @@ def _change(req, timings):
             result.update(action="noop", pid=own_pid, fingerprint=(own_launch or {}).get("fingerprint"),
                           same_config=same, heartbeat=own_hb)
             return result
-        try:
-            # Before anything is stopped: a launch that cannot start must not cost the running run.
-            check_trainer(req["argv"], _launch_path(req), req.get("cwd") or req["run_dir"],
-                          req.get("expect_trainer_version"))
-            settings = _timed(timings, "trainer_check", trainer_check, req)
-            check_gpus_exist(req.get("gpus") or [], req["gpu_device_pattern"])
-            check_space(settings, req["run_dir"])
-        except TrainerRefused as exc:
-            raise LifecycleError(str(exc), rc=exc.rc)
-        except CheckRefused as exc:
-            raise LifecycleError("the trainer's check refused this configuration, so nothing was stopped%s: %s"
-                                 % (_still_running(runs), exc), bad_input=True)
-        except ValueError as exc:
-            raise LifecycleError(str(exc))
+        settings = checked_settings(req, runs, timings)
         result.update(changed=True, action="launched", would_stop=[name for name, _pid in runs],
                       launch_reason=launch_reason(req, own_pid, own_launch))
         result.update(plan_fields(req["run_dir"]))  # the layout advisor's verdict, if it was asked (issue 31)
@@ -390,6 +393,25 @@ def launch_reason(req, own_pid, own_launch):
         reason = "relaunch" if hb.get("phase") == "finished" else "crash"
     req["launch_reason"] = reason
     return reason
+
+
+def checked_settings(req, runs, timings):
+    """Before anything is stopped: the trainer's check of the launch (a launch that cannot start must not cost the
+    running run), its settings, the GPUs and the space; LifecycleError naming the refusal."""
+    try:
+        check_trainer(req["argv"], _launch_path(req), req.get("cwd") or req["run_dir"],
+                      req.get("expect_trainer_version"))
+        settings = _timed(timings, "trainer_check", trainer_check, req)
+        check_gpus_exist(req.get("gpus") or [], req["gpu_device_pattern"])
+        check_space(settings, req["run_dir"])
+        return settings
+    except TrainerRefused as exc:
+        raise LifecycleError(str(exc), rc=exc.rc)
+    except CheckRefused as exc:
+        raise LifecycleError("the trainer's check refused this configuration, so nothing was stopped%s: %s"
+                             % (_still_running(runs), exc), bad_input=True)
+    except ValueError as exc:
+        raise LifecycleError(str(exc))
 
 
 def _still_running(runs):
@@ -447,8 +469,68 @@ def _after_stop(exc, stopped, note):
     return LifecycleError("%s; %s" % (exc, note) if note else str(exc), **facts)
 
 
+def job_step(req):
+    """One step of restarting a job over nodes on this node (job_steps.py), under this node's lifecycle lock."""
+    step, timings = req["job_step"], {}
+    result = {"run": req["run"], "run_dir": req["run_dir"], "changed": False, "job_step": step,
+              "node": node_label(req), "timings": timings}
+    if req.get("check_mode"):
+        return result
+    os.makedirs(req["runs_root"], exist_ok=True)
+    with lifecycle_lock(req["runs_root"], req["lock_timeout"]):
+        if step == "release":
+            result["released"] = release(req)
+            return result
+        if step == "reserve":
+            refuse_if_reserved(req, LifecycleError)
+            result.update(reserve(req, lambda r: checked_settings(r, conflicting_runs(r)[0], timings)))
+            return result
+        held = reserved(req, LifecycleError)
+        if step == "stop":  # then this node's GPU release: once every node answered, it holds everywhere
+            runs = conflicting_runs(req)[0]
+            result["stopped"] = _timed(timings, "stop", _stop_all, req, runs)
+            result["changed"] = bool(runs)
+            try:
+                result["gpu_wait"] = _timed(timings, "gpu_wait", wait_for_release, req.get("gpus") or [],
+                                            req["gpu_device_pattern"], req["gpu_memory_threshold_mib"],
+                                            req["gpu_release_timeout"])
+            except RuntimeError as exc:
+                raise LifecycleError("%s: %s" % (node_label(req), exc))
+        elif step == "launch":
+            _launch_node(req, held, result, timings)
+        elif step == "verify":  # and, once this node's part is proven live, its reservation goes
+            req["job"] = (read_json(os.path.join(req["run_dir"], "launch.json")) or {}).get("job") or req["job"]
+            result.update(_timed(timings, "verify", verify_node, req, LifecycleError,
+                                 lambda r, pid: stop_run(r["run_dir"], pid, r["stop_timeout"])))
+            result["released"] = release(req)
+    return result
+
+
+def _launch_node(req, held, result, timings):
+    """Launch this node's torchrun agent (it waits in the rendezvous for the other nodes: verify comes after every
+    node launched); fails naming the node when it exits within settle_time."""
+    settings = held.get("settings")
+    if settings is None:  # this node ran the same configuration at reserve time; another node made the restart
+        settings = checked_settings(req, [], timings)
+    else:
+        req["job"] = held.get("job") or req["job"]
+    os.makedirs(req["run_dir"], exist_ok=True)
+    proc, result["kept"] = _timed(timings, "launch", launch, req, time.time(), settings)
+    result.update(pid=proc.pid, fingerprint=req["fingerprint"], world=req["job"], changed=True, action="launched")
+    deadline = time.monotonic() + req["settle_time"]
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(POLL_S)
+    if proc.poll() is not None:
+        record(req["run_dir"], EXIT_RECORD, {"pid": proc.pid, "rc": proc.returncode, "at": time.time()})
+        tail = log_tail(os.path.join(req["run_dir"], LOG_NAME), req["log_tail_lines"])
+        raise LifecycleError("%s: the torchrun agent exited with status %s right after launch%s" % (
+            node_label(req), proc.returncode, _error_line(tail)), rc=proc.returncode, log_tail=tail, **result)
+
+
 def _handle(req):
     validate_run_name(req.get("run"))
+    if req.get("job_step"):
+        return job_step(req)
     return status(req) if req["action"] == "status" else change(req)
 
 

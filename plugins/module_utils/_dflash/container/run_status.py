@@ -10,6 +10,7 @@ import os
 import time
 
 from .gpu_release import nvml_snapshot
+from .job_nodes import node_status
 from .job_ranks import is_healthy, job_state, rank_states, ranks_dir, slowest_rank
 from .plain_text import plain, plain_line
 from .rank_ends import describe_rank, first_failure, retire_stale
@@ -228,4 +229,4 @@ def status(req):
         if req.get("status_log_lines") else []
     if req.get("report"):
         out["report"] = run_report(run_dir, launch_info)
-    return out
+    return node_status(out, out["world"])

@@ -54,6 +54,11 @@ def argument_spec():
             keep_records=dict(type="int", default=20),
             expect_trainer_version=dict(type="str"),
             timeout=dict(type="float", default=3600),
+            nodes=dict(type="list", elements="dict", default=[]),
+            node=dict(type="int", default=0),
+            rdzv_port=dict(type="int", default=29400),
+            job_step=dict(type="str", choices=["reserve", "stop", "launch", "verify", "release"]),
+            job_token=dict(type="str", no_log=False),  # no secret: it is part of the rendezvous id in argv
         ),
         required_if=[("state", "started", ("command",)), ("state", "restarted", ("command",))],
     )
