@@ -112,4 +112,3 @@ def describe_rank(first):
         return ""
     who = "rank %s%s (pid %s)" % (first["rank"], " %s" % first["role"] if first.get("role") else "", first["pid"])
     return "%s %s%s" % (who, first["exit"], ": %s" % first["error"] if first.get("error") else "")
-
