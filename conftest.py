@@ -1,13 +1,13 @@
-"""Loaded for every suite (the rootdir's conftest): how pytest-xdist may spread the tests over its workers.
+"""Loaded for every suite (the rootdir's conftest): which tests make the quick set (`scripts/test --quick`).
 
-scripts/test runs `pytest -n 2 --dist loadgroup`. Each test file stays on one worker, so its module and session
-fixtures (a trained run, a tiny target) are made once; every real-container test (tests/containers) goes to one
-worker: those tests share the harness's vmids 200/201 and a machine-wide lock. And which tests make the quick set."""
+(Not pytest-xdist: with pytest 9.2, xdist 3.8's loadgroup no longer keeps a group on one worker, since it renames
+item._nodeid, which pytest 9 no longer reads; the real-container tests, which hold a machine-wide lock for a whole
+session, then waited on each other past their timeout. scripts/test runs them in a second pytest instead.)"""
 from pathlib import Path
 
 import pytest
 
-CONTAINERS = "containers"
+CONTAINERS = "containers"  # the real-container suite (its marker and folder): never quick
 QUICK_SUITES = ("tests/unit/", "trainer/tests/")  # `scripts/test --quick` = these, less the tests marked slow
 # Files of those suites that train, run torchrun jobs, or build and install packages: each takes from seconds to
 # minutes, so all of them are slow (left out of the quick set). New such files mark themselves (pytestmark).
@@ -30,7 +30,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         in_containers = item.get_closest_marker(CONTAINERS) or path.startswith("tests/containers/")
-        item.add_marker(pytest.mark.xdist_group(CONTAINERS if in_containers else path))
         if path in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
         if path.startswith(QUICK_SUITES) and not in_containers and not item.get_closest_marker("slow"):
