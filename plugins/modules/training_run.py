@@ -463,6 +463,28 @@ queue_depth:
   returned: state is status and the heartbeat of a torchrun job has it
   type: int
   sample: 27
+target_kernels:
+  description: Which linear-attention and causal-conv code the target's layers run (the trainer's C(target kernels:)
+    line, from the heartbeat), e.g. flash-linear-attention or transformers' torch fallback; null from trainers
+    that do not report it.
+  returned: state is status and the run has a heartbeat
+  type: str
+  sample: "48 linear-attention layers: gated delta rule by flash-linear-attention 0.6.0; causal conv by ..."
+plan_warning:
+  description: The layout advisor's warning (C(dflash-train --plan) wrote C(plan.json) into the run directory) when
+    the configured target:drafter split is predicted at least 15 % below the best one; null when it is not.
+  returned: when the run directory holds a plan.json (status, and launches)
+  type: str
+plan_predicted_seq_per_s:
+  description: The advisor's predicted rate of the configured split, in sequences per second.
+  returned: when the run directory holds a plan.json (status, and launches)
+  type: float
+  sample: 3.27
+plan_best_seq_per_s:
+  description: The advisor's predicted rate of the best split for the run's GPUs, in sequences per second.
+  returned: when the run directory holds a plan.json (status, and launches)
+  type: float
+  sample: 4.35
 failed_rank:
   description: The rank of a torchrun job that failed first (container/rank_ends.py) - a rank killed from outside
     before any rank's own error (a peer's broken connection is its consequence), else the earliest error - with its
