@@ -202,6 +202,13 @@ def test_concurrent_restarts_are_serialized(play, ct200):
     assert pids[loser] in stopped(results[winner].task("Training run")), results[winner].task("Training run")
 
 
+def launched_pid(ct, run):
+    """The run's pid once its pid file names a live trainer process, else None."""
+    text = ct.read(f"{RUNS}/{run}/pid")
+    pid = int(text.strip()) if text and text.strip().isdigit() else None
+    return pid if pid in ct.pids("fake_trainer") else None
+
+
 def test_ssh_drop_after_launch_keeps_the_run(harness_env, sshd, ct200):
     args = {"name": "dropped", "command": FAKE, **FAST, "settle_time": 5}
     cmd = ["ansible-playbook", "-i", str(PLAYBOOKS.parents[2] / "inventories/harness/hosts.yml"), str(PLAY),
@@ -209,7 +216,8 @@ def test_ssh_drop_after_launch_keeps_the_run(harness_env, sshd, ct200):
     p = subprocess.Popen(cmd, env=harness_env, cwd=str(PLAYBOOKS.parents[2]), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
-        pid = wait_for(lambda: ct200.pids("fake_trainer"), timeout=60, what="the launch")[0]
+        # The launched run's process (its pid file names it), not the trainer's check that runs before the launch
+        pid = wait_for(lambda: launched_pid(ct200, "dropped"), timeout=60, what="the launch")
         kids = sshd.children()
         assert kids, "no ssh session to drop"
         for k in kids:  # drop the connection: kill the sshd session processes (ours, by pid)

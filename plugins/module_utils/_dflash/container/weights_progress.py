@@ -40,6 +40,13 @@ class CopyProgress(object):
             if time.monotonic() - self._last >= self.interval_s:
                 self._write()
 
+    def discard(self):
+        """A staging that failed or was refused leaves no progress file beside dest."""
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
     def _write(self):
         self._last = time.monotonic()
         now = time.time()
@@ -61,6 +68,9 @@ class NoProgress(object):
         pass
 
     def add(self, n):
+        pass
+
+    def discard(self):
         pass
 
 

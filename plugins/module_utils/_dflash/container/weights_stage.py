@@ -308,6 +308,9 @@ def stage(req):
         result["mb_per_s"] = round(result["bytes_copied"] / 1e6 / max(result.pop("copy_seconds"), 1e-6), 1)
         result["seconds"] = round(time.monotonic() - t0, 3)
         return result
+    except BaseException:
+        req["progress"].discard()
+        raise
     finally:
         if lock:
             lock.__exit__()
