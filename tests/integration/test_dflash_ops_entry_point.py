@@ -205,24 +205,28 @@ def test_a_templated_run_name_is_refused_by_the_entry_point_with_nothing_run(inv
 
 
 def test_a_templated_survey_answer_is_data_not_a_template(inv, pwned):
-    """Without the entry point's own check (as in AWX): the answer reaches the playbook !unsafe, and the role's
-    run-name check refuses it; the lookup never runs."""
+    """Without the entry point's own check (as in AWX): the answer reaches the playbook !unsafe, and the training
+    inputs' check refuses it as a template; the lookup never runs."""
     template = projects.template(PROJECT, "Restart training")
     data_dir = launch.prepare(PROJECT, template, {"run": HOSTILE % pwned, "force": "no"},
                               data_dir=str(inv.tmp / "job"), check_run_name=False)
     outcome = launch.run(PROJECT, template, data_dir, inventory=inv.path, out=open(os.devnull, "w"))
-    assert outcome.status == "failed" and "invalid run name" in outcome.failure["res"]["msg"]
+    msg = outcome.failure["res"]["msg"]
+    assert outcome.status == "failed" and "is a template" in msg and "nothing was run" in msg, msg
     assert not os.path.exists(pwned) and not inv.runs.exists()
 
 
-def test_the_same_value_as_a_trusted_extra_var_would_run_the_command(inv, pwned):
-    """Why the tag matters: the same value written untagged (as a template's own extra var) is templated."""
+def test_the_same_value_as_a_trusted_extra_var_is_refused_before_it_is_templated(inv, pwned):
+    """The same value written untagged (as a template's own extra var, which Ansible would template): the training
+    inputs read the run name as given and refuse a template before Ansible renders it (issue 37), so the lookup
+    does not run either."""
     template = projects.template(PROJECT, "Training status")
     data_dir = launch.prepare(PROJECT, template, {"run": "r1"}, data_dir=str(inv.tmp / "job"))
     with open(os.path.join(data_dir, "env", "extravars"), "w") as f:
         f.write(extravars.render({"run": HOSTILE % pwned}, {}))
-    launch.run(PROJECT, template, data_dir, inventory=inv.path, out=open(os.devnull, "w"))
-    assert os.path.exists(pwned)
+    outcome = launch.run(PROJECT, template, data_dir, inventory=inv.path, out=open(os.devnull, "w"))
+    assert outcome.status == "failed" and "is a template" in outcome.failure["res"]["msg"]
+    assert not os.path.exists(pwned)
 
 
 def test_bad_input_is_one_line_before_anything_runs(inv, tmp_path):

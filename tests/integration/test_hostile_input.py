@@ -37,7 +37,8 @@ def test_hostile_values_reach_the_trainer_literally(ansible, runs_root, tmp_path
     assert not pwned.exists()
     # Nothing of the caller's environment leaks in: only what was given, plus PATH and the run's own.
     # (LC_CTYPE: the fake trainer's own Python sets it at start when no locale is given, PEP 538.)
-    assert set(seen["env_names"]) - {"LC_CTYPE"} == set(env) | {"PATH", "DFLASH_RUN_DIR", "DFLASH_RUN_NAME"}
+    assert set(seen["env_names"]) - {"LC_CTYPE"} == set(env) | {"PATH", "DFLASH_RUN_DIR", "DFLASH_RUN_NAME",
+                                                                 "DFLASH_LAUNCH_REASON"}
 
 
 @pytest.mark.parametrize("bad,msg", [

@@ -55,7 +55,9 @@ def test_split_regeneration_training_and_eval_worker(tmp_path, capfd):
     assert redone["eval"]["lossless"] and redone["eval"]["tau"] == first["eval"]["tau"]
     assert os.path.getmtime(out / "eval" / "baseline.json") == baseline_mtime
     assert os.path.getmtime(out / "eval" / f"snapshot-{result['snapshots'][1]['step']}.json") == kept_mtime
-    assert len(lines) == 1 and f"({first['step']} steps)" in lines[0]
+    evaluated = [line for line in lines if not line.startswith("dflash: prompt ")]  # per-prompt progress aside
+    assert len(evaluated) == 1 and f"({first['step']} steps)" in evaluated[0], lines
+    assert any(line.startswith("dflash: prompt ") for line in lines)  # and the re-evaluation reported its prompts
 
 
 @pytest.mark.parametrize("flag,value,message", [

@@ -103,7 +103,9 @@ class WandbLog:
                     settings=wandb.Settings(console="off"))
         try:
             return cls(wandb.init(**init))
-        except wandb.errors.Error as exc:   # CommError: unreachable (after its init_timeout) or refused
+        # CommError: unreachable (after its init_timeout) or refused; other errors of the service too (its answer to
+        # the kept id's resume query came as a ServerResponseError, not a wandb.errors.Error, in one run)
+        except Exception as exc:  # noqa: BLE001 - any online failure falls back; the run must not die for it
             say(f"W&B: online run refused or unreachable ({why(exc)}); logging offline under "
                 f"{os.path.join(cfg.run_dir, 'wandb')} instead (`wandb sync` uploads it later)")
             wandb.teardown()  # the refused run's service and settings go, so the offline run starts clean
