@@ -47,20 +47,23 @@ def clear_rank_files(directory):
                 pass
 
 
-def _registered(directory):
-    """{rank: pid} of the pid files present (unreadable or malformed ones are skipped)."""
-    found = {}
+def rank_files(directory, suffix):
+    """[(rank, path)] of the files `<rank><suffix>` in directory (none when it cannot be listed)."""
     try:
         names = os.listdir(directory)
     except OSError:
-        return found
-    for name in names:
-        stem = name[:-4] if name.endswith(".pid") else None
-        if stem is None or not stem.isdigit():
-            continue
+        return []
+    stems = ((name[: -len(suffix)], name) for name in names if name.endswith(suffix))
+    return [(int(stem), os.path.join(directory, name)) for stem, name in stems if stem.isdigit()]
+
+
+def _registered(directory):
+    """{rank: pid} of the pid files present (unreadable or malformed ones are skipped)."""
+    found = {}
+    for rank, path in rank_files(directory, ".pid"):
         try:
-            with open(os.path.join(directory, name)) as f:
-                found[int(stem)] = int(f.read().strip())
+            with open(path) as f:
+                found[rank] = int(f.read().strip())
         except (OSError, ValueError):
             continue
     return found

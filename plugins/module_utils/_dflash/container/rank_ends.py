@@ -16,6 +16,7 @@ a word while the agent logged no failure died with their agent (PR_SET_PDEATHSIG
 import os
 import re
 
+from .job_ranks import rank_files
 from .plain_text import plain
 from .run_records import exit_text, read_json, unlink, write_json_atomic
 
@@ -33,15 +34,10 @@ def end_path(directory, rank):
 def read_ends(directory):
     """{rank: end record} of the end files present."""
     found = {}
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return found
-    for name in names:
-        stem = name[: -len(END_SUFFIX)] if name.endswith(END_SUFFIX) else None
-        rec = read_json(os.path.join(directory, name)) if stem and stem.isdigit() else None
+    for rank, path in rank_files(directory, END_SUFFIX):
+        rec = read_json(path)
         if isinstance(rec, dict):
-            found[int(stem)] = rec
+            found[rank] = rec
     return found
 
 

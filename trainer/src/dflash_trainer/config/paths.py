@@ -15,6 +15,21 @@ from dflash_trainer.config.train_config import TrainConfig
 STAGED_MANIFEST = ".dflash-manifest.json"  # written last by dflash.ops.model_weights (the collection's README)
 
 
+def tree_bytes(path: str) -> int:
+    """Bytes of the files under path (a file's or link's own size; 0 when absent): the preflight's room for the
+    next checkpoint and the checkpoints' cleaning both count a checkpoint this way."""
+    if not os.path.isdir(path):
+        return os.lstat(path).st_size if os.path.lexists(path) else 0
+    total = 0
+    for parent, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
 def check_staged_manifest(target_model: str) -> None:
     """A --target-model staged by the collection has a manifest; it must be complete (complete: true, every file it
     lists present with its size). A directory without one (a tiny or hand-made target) is accepted as it is."""

@@ -35,6 +35,7 @@ import types
 
 from dflash_trainer.config import (TrainConfig, data_shards, declared_default, env_fields, flag_fields,
                                    option_name, validate_data, validate_target)
+from dflash_trainer.config.paths import tree_bytes
 
 PROG = "dflash-train"
 
@@ -173,17 +174,6 @@ def _nearest_existing(path: str) -> str:
     return path
 
 
-def _tree_bytes(path: str) -> int:
-    total = 0
-    for top, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(top, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
 def check_output(cfg: TrainConfig) -> list[str]:
     """--output-dir (and --run-dir) writable, with room for the next checkpoint (the size of the newest one)."""
     problems = []
@@ -201,7 +191,7 @@ def check_output(cfg: TrainConfig) -> list[str]:
     except OSError:
         return problems
     if os.path.isdir(newest):
-        need = _tree_bytes(newest)
+        need = tree_bytes(newest)
         st = os.statvfs(_nearest_existing(root))
         free = st.f_bavail * st.f_frsize
         if free < need:

@@ -30,6 +30,7 @@ import time
 import torch
 from safetensors.torch import load_file, save_file
 
+from dflash_trainer.config.paths import tree_bytes
 from dflash_trainer.failures import ExplainedFailure
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -72,19 +73,6 @@ def _latest_name(root: str) -> str | None:
         return None
 
 
-def _bytes_under(path: str) -> int:
-    if not os.path.isdir(path):
-        return os.lstat(path).st_size if os.path.lexists(path) else 0
-    total = 0
-    for parent, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(parent, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
 def _complete(path: str) -> bool:
     return all(os.path.isfile(os.path.join(path, f)) for f in FILES)
 
@@ -113,7 +101,7 @@ def clean_leftovers(root: str, say=None) -> int:
     freed = 0
     for name in leftovers(root):
         path = os.path.join(root, name)
-        size = _bytes_under(path)
+        size = tree_bytes(path)
         try:
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
         except FileNotFoundError:
