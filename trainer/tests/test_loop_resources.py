@@ -68,8 +68,13 @@ def test_a_step_that_raises_closes_every_resource(tiny, tmp_path, monkeypatch):
         return real_write(self, row)
 
     monkeypatch.setattr(telemetry.JsonlWriter, "write", write)
-    with pytest.raises(RuntimeError, match="micro-batch 3 failed"):
-        train.run(cfg, Heartbeat(cfg.run_dir, 10.0), threading.Event())
+    # the service this process started goes with the test: its WANDB_SERVICE must not reach later tests' trainers
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    try:
+        with pytest.raises(RuntimeError, match="micro-batch 3 failed"):
+            train.run(cfg, Heartbeat(cfg.run_dir, 10.0), threading.Event())
+    finally:
+        wandb.teardown()
 
     assert [r["step"] for r in read_metrics(out)] == [1, 2] and find_latest(str(out)).endswith("step-2")
     assert {os.path.basename(p) for p in seen_open} >= {"metrics.jsonl", "snapshots.jsonl", "profile.jsonl"}

@@ -136,21 +136,31 @@ class _RefusingWandbServer(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.slow
-def test_a_refused_online_wandb_run_falls_back_to_offline_and_the_run_trains_on(tiny, tmp_path):
+@pytest.mark.parametrize("parent_service", [False, True], ids=["own-service", "parents-service"])
+def test_a_refused_online_wandb_run_falls_back_to_offline_and_the_run_trains_on(tiny, tmp_path, parent_service,
+                                                                                monkeypatch):
     """Online W&B against a real HTTP server that refuses the key: one log line, an offline run under <run-dir>/wandb
-    with every step, exit 0 (it used to stop the run after its weights had loaded)."""
-    pytest.importorskip("wandb")
+    with every step, exit 0 (it used to stop the run after its weights had loaded). With a parent that used wandb (its
+    WANDB_SERVICE inherited) too: the parent's service outlived the trainer's teardown and refused the offline run's
+    id as in use (seen in CI after an in-process test had started one)."""
+    wandb = pytest.importorskip("wandb")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingWandbServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {k: v for k, v in wandb_env(tmp_path).items() if k != "WANDB_MODE"}
     env.update(WANDB_BASE_URL=f"http://127.0.0.1:{server.server_address[1]}", NO_PROXY="127.0.0.1",
                WANDB_INIT_TIMEOUT="60")
     out, log = tmp_path / "out", tmp_path / "train.log"
+    if parent_service:
+        monkeypatch.delenv("WANDB_SERVICE", raising=False)  # restored (to none) after the test
+        wandb.setup().ensure_service()  # this process is the parent: it sets WANDB_SERVICE, which start() passes on
+        assert os.environ.get("WANDB_SERVICE")
     try:
         proc = start(train_cmd(tiny, out, "--max-steps", str(STEPS)), log, env=env)
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
         server.shutdown()
+        if parent_service:
+            wandb.teardown()
     text = log.read_text()
     assert any(r.startswith("POST /graphql") for r in _RefusingWandbServer.requests)   # it did go online first
     [line] = [ln for ln in text.splitlines() if "W&B: online run refused or unreachable" in ln]

@@ -95,6 +95,10 @@ class WandbLog:
         if project is None:
             return None
         import wandb
+        # the trainer owns its W&B service: one inherited from a parent (WANDB_SERVICE, set by any process that used
+        # wandb) is not stopped by teardown, so it kept the refused online run's id and refused the offline fallback
+        # ("run ID … is in use")
+        os.environ.pop(wandb.env.SERVICE, None)
         os.makedirs(cfg.run_dir, exist_ok=True)
         name = os.path.basename(os.path.normpath(cfg.run_dir))
         init = dict(project=project, dir=cfg.run_dir, name=name, group=name, id=run_id(cfg.run_dir), resume="allow",
