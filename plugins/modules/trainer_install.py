@@ -91,6 +91,13 @@ options:
     description: Seconds pip may take.
     type: float
     default: 1800
+  compile_bytecode:
+    description:
+      - Whether pip byte-compiles the installed packages (its default). V(false) passes C(--no-compile), which
+        takes most of pip's CPU time off an install of torch; Python then compiles the modules the trainer imports
+        at its first start. Not part of the environment's identity - changing it alone reinstalls nothing.
+    type: bool
+    default: true
   timeout:
     description: Seconds each transport call may take.
     type: float

@@ -34,7 +34,7 @@ ROLES = {
         "model_weights_dest": "required by the module; the role reads it from dflash_model_dest",
     }),
     "trainer": (trainer_install_backend.argument_spec, {
-        "venvs_root", "link", "keep", "pip_timeout", "transport", "pct_path", "container_wheelhouse",
+        "venvs_root", "link", "keep", "pip_timeout", "compile_bytecode", "transport", "pct_path", "container_wheelhouse",
         "index_url"}, {
         "trainer_wheelhouse": "the role also accepts a controller wheelhouse, staged on the host and passed here",
     }),

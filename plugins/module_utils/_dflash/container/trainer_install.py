@@ -86,6 +86,10 @@ def _clean_env():
 
 def pip_argv(venv, req, wheel):
     argv = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--no-cache-dir", "--quiet"]
+    if not req.get("compile_bytecode", True):
+        # pip byte-compiles every installed file (most of its CPU time for torch); skipped, Python compiles what
+        # the trainer imports at its first start instead
+        argv += ["--no-compile"]
     if req.get("no_index"):
         argv += ["--no-index"]  # offline: the staged wheel(s) and the wheelhouse only
     elif req.get("index_url"):

@@ -41,6 +41,7 @@ def argument_spec():
             keep=dict(type="int", default=3),
             python=dict(type="str"),
             pip_timeout=dict(type="float", default=1800),
+            compile_bytecode=dict(type="bool", default=True),
             timeout=dict(type="float", default=3600),
             progress_file=dict(type="path"),
         ),
@@ -92,7 +93,7 @@ def build_request(p):
             "wheel_sha256": p["wheel_sha256"], "venvs_root": venvs_root, "link": link, "keep": p["keep"],
             "pins": [pin.strip() for pin in p["pins"] or []], "find_links": find_links,
             "no_index": bool(p["wheelhouse"] or p["container_wheelhouse"]), "index_url": p["index_url"],
-            "pip_timeout": p["pip_timeout"],
+            "pip_timeout": p["pip_timeout"], "compile_bytecode": p["compile_bytecode"],
             "progress_file": _absolute(p["progress_file"], "progress_file") if p.get("progress_file") else None}
 
 

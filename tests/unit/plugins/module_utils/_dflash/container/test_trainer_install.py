@@ -1,6 +1,7 @@
 """The in-container trainer install on real virtual environments in a tmp dir: python -m venv, real pip installing a
 tiny wheel offline (--no-index), the link switched only after `dflash-train --help` ran, failures leaving the previous
 environment in place, no-op on the same key, reuse of a kept environment, pruning, adoption of a hand-made venv."""
+import glob
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ def make_wheel(directory, version="0.1.0", help_rc=0, corrupt=False):
         "dflash_trainer/__init__.py": "__version__ = %r\n" % version,
         "dflash_trainer/cli.py": "import sys\ndef main():\n    print('usage: dflash-train %s')\n"
                                  "    sys.exit(%d)\n" % (version, help_rc),
+        "dflash_trainer/not_imported.py": "# no --help imports this: only pip's byte-compiling makes its .pyc\n",
         info + "/METADATA": "Metadata-Version: 2.1\nName: dflash_trainer\nVersion: %s\n" % version,
         info + "/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
         info + "/entry_points.txt": "[console_scripts]\ndflash-train = dflash_trainer.cli:main\n",
@@ -35,6 +37,13 @@ def make_wheel(directory, version="0.1.0", help_rc=0, corrupt=False):
             z.writestr(arc, text)
         z.writestr(info + "/RECORD", "".join("%s,,\n" % arc for arc in files) + info + "/RECORD,,\n")
     return path
+
+
+def compiled(venv):
+    """Byte-compiled modules of the installed package that nothing imported."""
+    found = glob.glob(os.path.join(venv, "lib", "python*", "site-packages", "dflash_trainer", "__pycache__",
+                                   "not_imported.*.pyc"))
+    return [os.path.basename(p).split(".")[0] for p in found]
 
 
 def sha256(path):
@@ -93,6 +102,7 @@ def test_install_noop_broken_wheel_corrupt_wheel_reuse_and_prune(tmp_path):
     record = json.load(open(os.path.join(first["venv"], "dflash-install.json")))
     assert record["version"] == "0.1.0" and record["source_hash"].startswith(first["key"]) and record["installed_at"]
     assert box.venvs() == sorted([first["key"], os.path.basename(adopted)])  # the staging directory is gone
+    assert compiled(first["venv"]) == ["not_imported"]  # pip's default: every installed module byte-compiled
 
     again = box.install(w1)
     assert again["changed"] is False and again["up_to_date"] and not again["installed"], again
@@ -126,8 +136,9 @@ def test_install_noop_broken_wheel_corrupt_wheel_reuse_and_prune(tmp_path):
             json.dump({"version": "0.0.%d" % i, "installed_at": 1000 + i}, f)
     os.makedirs(tmp_path / "d")
     w2 = make_wheel(tmp_path / "d", "0.2.0")
-    second = box.install(w2)
+    second = box.install(w2, compile_bytecode=False)  # pip --no-compile (the harness inventory's choice)
     assert second["installed"] and second["previous"] == first["venv"], second
+    assert compiled(second["venv"]) == []
     # kept: the new one, the previous one, and the newest other (the adopted one: no record, so its mtime counts)
     assert sorted(second["pruned"]) == [os.path.join(box.root, "old-a"), os.path.join(box.root, "old-b")]
     assert box.venvs() == sorted([first["key"], second["key"], os.path.basename(adopted)])
