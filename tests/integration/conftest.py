@@ -26,9 +26,10 @@ def runs_root(tmp_path):
             pass
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    """A tiny random Qwen3 target (target/) and its 96-sequence dataset (data/), built once per test module."""
+    """A tiny random Qwen3 target (target/) and its 96-sequence dataset (data/), built once per session (~8 s of
+    CPU each build): every test only reads it (runs write under their own tmp dirs)."""
     root = tmp_path_factory.mktemp("tiny")
     subprocess.run([sys.executable, "-m", "dflash_trainer.prep.make_tiny", "--target-dir", str(root / "target"),
                     "--data-dir", str(root / "data"), "--num-sequences", "96"], check=True, capture_output=True)
