@@ -29,15 +29,29 @@ def job_processes(run_dir):
     return found
 
 
-@pytest.fixture
-def runs_root(tmp_path):
-    root = tmp_path / "runs"
-    yield root
+def kill_job(root):
     for pid in job_processes(str(root / "r1")):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.fixture
+def runs_root(tmp_path):
+    root = tmp_path / "runs"
+    yield root
+    kill_job(root)
+
+
+@pytest.fixture(scope="module")
+def live_job(tmp_path_factory, tiny):
+    """One job every refused configuration is tried against: each refusal must leave it as it was (so the next one
+    finds it live too, and each test checks that again)."""
+    root = tmp_path_factory.mktemp("live") / "runs"
+    first = run_lifecycle.change(make_req(root, tiny))
+    yield root, first
+    kill_job(root)
 
 
 def make_req(runs_root, tiny, extra_args=None, **params):
@@ -145,9 +159,9 @@ def _step(run_dir):
     ({"blok_size": 8},
      "unrecognized argument --blok-size=8: dflash-train has no flag --blok-size; did you mean --block-size?"),
 ])
-def test_a_configuration_the_trainer_refuses_leaves_the_live_job_as_it_was(runs_root, tiny, extra, line):
+def test_a_configuration_the_trainer_refuses_leaves_the_live_job_as_it_was(live_job, tiny, extra, line):
+    runs_root, first = live_job
     run_dir = str(runs_root / "r1")
-    first = run_lifecycle.change(make_req(runs_root, tiny))
     agent, ranks = first["pid"], {r["pid"] for r in first["ranks"]}
     wait_for(lambda: _step(run_dir) >= 1, 120, "no step of the live job")
     launch_before = open(os.path.join(run_dir, "launch.json")).read()
