@@ -1,15 +1,21 @@
 """A torchrun job over two nodes on this machine, on the CPU (gloo): two torchrun agents (--nnodes 2, c10d
 rendezvous on 127.0.0.1; node 0 at 127.0.0.1, node 1 at 127.0.0.2), each running the same GPU lists rehearsed on
 the CPU (--device cpu --target-gpus 0 --drafter-gpus 1): every node 1 target + 1 drafter rank, so the roles
-alternate by node (ranks 0, 2 target; 1, 3 drafter) - the layout a 2-host GPU job gets (world.py)."""
+alternate by node (ranks 0, 2 target; 1, 3 drafter) - the layout a 2-host GPU job gets (world.py). Then node 1
+frozen mid-run (SIGSTOP to its agent and ranks: a host that hangs or drops off the network answers nothing, resets
+nothing): node 0's ranks give up after --collective-timeout and its agent ends, instead of holding its GPUs for
+torch's default 30 minutes."""
 
 import json
+import os
+import signal
 import socket
 import sys
+import time
 
 import pytest
 
-from trainer_testlib import read_heartbeat, read_metrics, start, train_cmd
+from trainer_testlib import alive, read_heartbeat, read_metrics, start, train_cmd, wait_for
 
 STEPS = 6
 
@@ -55,3 +61,42 @@ def test_two_node_job_gives_each_rank_its_role_and_trains_as_one_process(tiny, t
         assert r["data_crc"] == ref_rows[r["step"]][1], f"step {r['step']}: other batches than one process"
         assert abs(r["loss"] - ref_rows[r["step"]][0]) <= 1e-4 * max(1.0, abs(r["loss"])), (r, ref_rows[r["step"]])
     assert json.loads(json.dumps(hb["ranks"]))["3"]["step"] == STEPS
+
+
+def _pids(path):
+    with open(path) as f:
+        return int(f.read().strip())
+
+
+@pytest.mark.slow
+def test_a_frozen_node_ends_the_other_nodes_part_after_the_collective_timeout(tiny, tmp_path):
+    out, port = tmp_path / "out", _free_port()
+    agents = [start(_agent(tiny, out, node, port, "--epochs", "50", "--hs-queue-depth", "3", "--hs-queue-min-ready",
+                           "1", "--collective-timeout", "10"), tmp_path / f"node{node}.log") for node in (0, 1)]
+    frozen = []
+    try:
+        wait_for(lambda: (read_heartbeat(out) or {}).get("step", 0) >= 2, 180, proc=agents[0])
+        node0 = [_pids(out / "ranks" / f"{r}.pid") for r in (0, 1)]
+        frozen = [agents[1].pid] + [_pids(out / "ranks" / f"{r}.pid") for r in (2, 3)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        rc = agents[0].wait(timeout=120)
+        waited = time.monotonic() - t0
+        assert rc != 0 and not any(alive(p) for p in node0), (rc, node0)
+        print(f"\nnode 0 ended {waited:.1f} s after node 1 froze (--collective-timeout 10)")
+        assert waited < 90, waited  # the collective timeout (10 s) and torchrun's teardown, not 30 minutes
+        hb = read_heartbeat(out)
+        assert hb["phase"] == "failed", hb
+        log0 = (tmp_path / "node0.log").read_text()
+        assert "Timed out" in log0 or "timed out" in log0, log0[-3000:]
+    finally:
+        for pid in frozen:  # processes this test started and froze
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+            agent.wait(timeout=30)

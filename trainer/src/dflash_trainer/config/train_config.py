@@ -72,6 +72,12 @@ class TrainConfig:
     target_ranks: int = flag(1, parse=parse_int, check=at_least(1), group=TORCHRUN,
                              help="on the CPU (both GPU lists empty): ranks 0..N-1 run the target, the other "
                                   "WORLD_SIZE-N ranks train the drafter; with GPUs the lists decide")
+    collective_timeout: float = flag(1800.0, parse=parse_float, check=positive, group=TORCHRUN, metavar="SECONDS",
+                                     help="how long a rank waits for its peers in one collective or hidden-state "
+                                          "transfer before it fails (torch's default 1800): a peer whose host became "
+                                          "unreachable (no connection reset) ends the job after this, freeing the "
+                                          "other nodes' GPUs; keep it above the longest pause between collectives "
+                                          "(loading the target, writing a checkpoint)")
     hs_queue_depth: int = flag(90, parse=parse_int, check=at_least(1), group=TORCHRUN,
                                help="most micro-batches of hidden states held per drafter rank (host memory)")
     hs_queue_min_ready: int = flag(30, parse=parse_int, check=at_least(0), group=TORCHRUN,

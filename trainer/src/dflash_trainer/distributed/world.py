@@ -27,6 +27,7 @@ torchrun's process model, and what this module does about it:
 from __future__ import annotations
 
 import ctypes
+import datetime
 import json
 import os
 import signal
@@ -302,15 +303,17 @@ def _join_world(cfg: TrainConfig, rank: int, world_size: int, pid_file: str) -> 
     backend = data_backend(layout)
     # With NCCL the groups are dual: CPU tensors (message headers, loss sums) go through gloo, CUDA ones NCCL.
     pg_backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
+    # every collective and transfer fails after --collective-timeout without its peers (a host gone silent: no reset)
+    timeout = datetime.timedelta(seconds=cfg.collective_timeout)
     if backend == "nccl":
-        dist.init_process_group(pg_backend, device_id=device)
+        dist.init_process_group(pg_backend, device_id=device, timeout=timeout)
     else:
-        dist.init_process_group(pg_backend)
+        dist.init_process_group(pg_backend, timeout=timeout)
     store = dist.distributed_c10d._get_default_store()
     _agree_on_layout(store, rank, layout)
     drafter_ranks = [e["rank"] for e in layout if e["role"] == "drafter"]
     # new_group is collective over the world: every rank makes every group, in the same order.
-    drafter_group = dist.new_group(drafter_ranks, backend=pg_backend)
+    drafter_group = dist.new_group(drafter_ranks, backend=pg_backend, timeout=timeout)
     return World(rank=rank, world_size=world_size, num_target_ranks=T, num_drafter_ranks=D, device=device,
                  pid_file=pid_file, drafter_group=drafter_group if rank in drafter_ranks else None,
                  data_backend=backend, data_group=dist.group.WORLD,
