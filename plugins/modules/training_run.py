@@ -327,6 +327,12 @@ stopped:
   type: list
   elements: dict
   sample: [{run: slammed4, pid: 4100, pgid: 4100, signal: SIGTERM, waited_s: 12.4}]
+waited_for:
+  description: A job over nodes, step V(reserve) - the other restart of the job that held this node and was waited
+    for until it gave the node back (at most O(lock_timeout)), with the seconds waited.
+  returned: when a reserve waited for another restart
+  type: dict
+  sample: {run: big, token: 4fQm2xAa9Lk0PzTq, waited_s: 41.3}
 would_stop:
   description: Live runs (this one included) that the launch stops first, or would stop in check mode.
   returned: when launched, or when a launch would happen in check mode

@@ -22,7 +22,7 @@ from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, wait_for_release
 from .job_ranks import clear_rank_files, is_healthy, rank_states, stop_job
 from .job_nodes import node_label
-from .job_steps import refuse_if_reserved, release, reserve, reserved, verify_node
+from .job_steps import refuse_if_reserved, release, reserve, reserved, verify_node, wait_while_reserved
 from .plain_text import plain
 from .procfs import POLL_S, cmdline, cmdline_matches, stop_group
 from .rank_ends import describe_rank
@@ -475,6 +475,10 @@ def job_step(req):
     if req.get("check_mode"):
         return result
     os.makedirs(req["runs_root"], exist_ok=True)
+    if step == "reserve":  # another restart holds the node: wait for it, outside the lock its steps take
+        waited = wait_while_reserved(req, LifecycleError)
+        if waited:
+            result["waited_for"] = waited
     with lifecycle_lock(req["runs_root"], req["lock_timeout"]):
         if step == "release":
             result["released"] = release(req)
