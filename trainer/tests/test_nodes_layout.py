@@ -160,3 +160,24 @@ def test_check_reports_the_whole_jobs_layout(tiny, tmp_path):
     assert rc == 2 and report["layout"] is None
     assert err.strip() == ("dflash-train: error: --target-gpus [0] + --drafter-gpus [1] are each node's lists (2 ranks "
                            "on every node), but the job's 2 node(s) of 2,3 rank(s); run --nproc-per-node 2 on every node")
+
+
+def test_a_rank_whose_plan_differs_from_rank_0s_refuses():
+    """Each node plans its layout itself; --target-gpus-per-rank 0 measures each node's free memory, so two nodes
+    may plan differently: every rank compares its plan with rank 0's through the job's store."""
+    import torch.distributed as dist
+
+    from dflash_trainer.distributed.world import _agree_on_layout
+    cfg = _cfg(target_gpus=[0, 1, 2], drafter_gpus=[3])
+    _T, _D, split = plan_layout(cfg, 4, cuda=True, per_rank=2, nodes=Nodes((2, 2)))  # node 0: 2 GPUs per target
+    store = dist.HashStore()
+    _agree_on_layout(store, 0, split)
+    _agree_on_layout(store, 1, split)  # the same plan: nothing to say
+    # node 1 measured 1 GPU per target rank: its 4 ranks per node do not match node 0's 2
+    _T, _D, whole = plan_layout(cfg, 8, cuda=True, per_rank=1, nodes=Nodes((4, 4)))
+    with pytest.raises(StartupError) as refused:
+        _agree_on_layout(store, 5, whole)
+    message = str(refused.value)
+    assert message.startswith("rank 5 (node 1) planned another layout than rank 0: 0:t@0/cuda:0+cuda:1 1:d@0/cuda:3 "
+                              "2:t@1/cuda:0+cuda:1 3:d@1/cuda:3 there, 0:t@0/cuda:0 ") and \
+        message.endswith("so every node splits alike") and "\n" not in message, message
