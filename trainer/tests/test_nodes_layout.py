@@ -3,8 +3,6 @@ and device, for several node counts and GPU lists, the refusals of layouts that 
 identity (node, device), and `dflash-train --check`'s whole-job layout."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -137,26 +135,29 @@ def test_cpu_ranks_over_nodes_of_different_sizes():
 
 # --- dflash-train --check: the whole job ---
 
-def _check(argv, env):
-    proc = subprocess.run([sys.executable, "-m", "dflash_trainer.cli", "--check", *argv[3:]], capture_output=True,
-                          text=True, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", **env}, timeout=120)
-    return proc.returncode, json.loads(proc.stdout.splitlines()[0]), proc.stderr
+def _check(argv, env, capsys):
+    """dflash-train --check's entry (preflight.main, as cli.main calls it) in this process, with `env` as the
+    environment the collection gives it: (exit status, its JSON report, its stderr)."""
+    from dflash_trainer.config import preflight
+    rc = preflight.main(argv[3:], {"OMP_NUM_THREADS": "1", **env})
+    out, err = capsys.readouterr()
+    return rc, json.loads(out.splitlines()[0]), err
 
 
-def test_check_reports_the_whole_jobs_layout(tiny, tmp_path):
+def test_check_reports_the_whole_jobs_layout(tiny, tmp_path, capsys):
     """What the collection asks (WORLD_SIZE, DFLASH_NODE_RANKS, GROUP_RANK) and what an operator types by hand
     (WORLD_SIZE, LOCAL_WORLD_SIZE): every rank's role, node and device; a layout that cannot work refused."""
     rc, report, err = _check(train_cmd(tiny, tmp_path / "out", "--target-ranks", "1"),
-                             {"WORLD_SIZE": "3", "DFLASH_NODE_RANKS": "2,1", "GROUP_RANK": "1"})
+                             {"WORLD_SIZE": "3", "DFLASH_NODE_RANKS": "2,1", "GROUP_RANK": "1"}, capsys)
     assert rc == 0, err
     assert [(r["role"], r["node"], r["local_rank"]) for r in report["layout"]] == [
         ("target", 0, 0), ("drafter", 0, 1), ("drafter", 1, 0)]
     rehearsal = train_cmd(tiny, tmp_path / "out", "--device", "cpu", "--target-gpus", "0", "--drafter-gpus", "1")
-    rc, report, err = _check(rehearsal, {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
+    rc, report, err = _check(rehearsal, {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, capsys)
     assert rc == 0, err
     assert [(r["rank"], r["role"], r["node"], r["rehearses"]) for r in report["layout"]] == [
         (0, "target", 0, ["cuda:0"]), (1, "drafter", 0, ["cuda:1"]), (2, "target", 1, ["cuda:0"]), (3, "drafter", 1, ["cuda:1"])]
-    rc, report, err = _check(rehearsal, {"WORLD_SIZE": "5", "DFLASH_NODE_RANKS": "2,3"})
+    rc, report, err = _check(rehearsal, {"WORLD_SIZE": "5", "DFLASH_NODE_RANKS": "2,3"}, capsys)
     assert rc == 2 and report["layout"] is None
     assert err.strip() == ("dflash-train: error: --target-gpus [0] + --drafter-gpus [1] are each node's lists (2 ranks "
                            "on every node), but the job's 2 node(s) of 2,3 rank(s); run --nproc-per-node 2 on every node")
