@@ -195,8 +195,10 @@ options:
         nodes in another order are refused, naming the order to use. Node 0 hosts the rendezvous store and rank 0.
       - With nodes, this host runs C(nodes[node].nproc_per_node) ranks of the job (O(nproc_per_node) is not used),
         torchrun is started with C(--nnodes), C(--rdzv-backend=c10d), C(--rdzv-endpoint=<node 0>:<rdzv_port>) and
-        C(--rdzv-id=<name>-<fingerprint>-<job_token>), and the trainer's check sees the whole job's C(WORLD_SIZE).
-        C(launch.json) records every node; the fingerprint is the job's (the same on every node).
+        C(--rdzv-id=<name>-<fingerprint>-<job_token>), and the trainer's check sees the whole job's C(WORLD_SIZE),
+        every node's rank count (C(DFLASH_NODE_RANKS), which the ranks get too) and this node's index
+        (C(GROUP_RANK)); each rank's role, GPUs and node in C(launch.json) are the trainer's answer. C(launch.json)
+        records every node; the fingerprint is the job's (the same on every node).
       - A restart is made of O(job_step) calls, each on every node before the next (roles/training/tasks/run_nodes.yml;
         docs/nodes.md). O(state=stopped) and O(state=status) work on each node as for one host.
     type: list
@@ -214,7 +216,7 @@ options:
     description:
       - One step of restarting a job over O(nodes) on this node, under its lifecycle lock - V(reserve) (take the node
         for this restart - a reservation other operations on the node are refused by until it is released or older
-        than O(lock_timeout) - report whether its part runs with this configuration, else run the trainer's check
+        than O(lock_timeout), and another restart's V(reserve) waits for, at most O(lock_timeout) - report whether its part runs with this configuration, else run the trainer's check
         before anything is stopped), V(stop) (stop the old ranks and the runs sharing its GPUs, then await the GPUs'
         release), V(launch) (start the agent; it waits in the rendezvous), V(verify) (the agent and all of this node's
         ranks alive, node 0's heartbeat written; then release), V(release) (give the reservation back).
@@ -327,6 +329,12 @@ stopped:
   type: list
   elements: dict
   sample: [{run: slammed4, pid: 4100, pgid: 4100, signal: SIGTERM, waited_s: 12.4}]
+waited_for:
+  description: A job over nodes, step V(reserve) - the other restart of the job that held this node and was waited
+    for until it gave the node back (at most O(lock_timeout)), with the seconds waited.
+  returned: when a reserve waited for another restart
+  type: dict
+  sample: {run: big, token: 4fQm2xAa9Lk0PzTq, waited_s: 41.3}
 would_stop:
   description: Live runs (this one included) that the launch stops first, or would stop in check mode.
   returned: when launched, or when a launch would happen in check mode

@@ -111,3 +111,21 @@ def test_a_rank_killed_on_node_1_ends_the_job_on_both_nodes(job):
     wait_for(lambda: not job_processes(run_dirs), 60, "a process of the job outlived rank 2's SIGKILL on node 1")
     for node in (0, 1):
         assert run_status.status(req(node, state="status", step=None))["alive"] is False
+
+
+def test_a_second_restart_waits_for_the_first_to_give_the_node_back(job):
+    """Two restarts of one job: the second's reserve waits (outside the lifecycle lock, which the first's steps
+    take) until the first releases the node, then reserves it and names whom it waited for."""
+    import threading
+    req, _run_dirs = job
+    assert run_lifecycle.job_step(req(0, "first", "reserve"))["node"] == "node 0 (127.0.0.1)"
+    answer = {}
+    second = threading.Thread(target=lambda: answer.update(run_lifecycle.job_step(req(0, "second", "reserve"))))
+    second.start()
+    second.join(timeout=2)
+    assert second.is_alive()  # still waiting: the node is the first restart's
+    assert run_lifecycle.job_step(req(0, "first", "release"))["released"]  # the lifecycle lock was free meanwhile
+    second.join(timeout=60)
+    assert not second.is_alive() and answer["waited_for"]["token"] == "first", answer
+    assert answer["waited_for"]["run"] == "j" and answer["waited_for"]["waited_s"] >= 2
+    assert run_lifecycle.job_step(req(0, "second", "release"))["released"]

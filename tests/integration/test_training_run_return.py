@@ -18,8 +18,9 @@ pytestmark = pytest.mark.timeout(300)
 # Keys Ansible itself adds or that every module may return (not part of a module's RETURN).
 STANDARD = {"changed", "failed", "msg", "invocation", "warnings", "deprecations", "diff", "skipped",
             "skip_reason", "exception", "_ansible_no_log", "_ansible_verbose_always"}
-# Documented keys only a live job over nodes returns: asserted by test_nodes_job_local (status of a two-node job).
-LIVE_JOB_OVER_NODES = {"slowest_node"}
+# Documented keys only a live job over nodes returns: asserted by test_nodes_job_local (status of a two-node job;
+# a second restart's reserve waiting for the first).
+LIVE_JOB_OVER_NODES = {"slowest_node", "waited_for"}
 NODES = [{"address": "127.0.0.1", "nproc_per_node": 1}, {"address": "127.0.0.2", "nproc_per_node": 1}]
 
 

@@ -99,7 +99,7 @@ def test_layout_with_target_groups():
     assert [row.get("devices", [row["device"]]) for row in layout] == \
         [["cuda:0", "cuda:1"], ["cuda:2", "cuda:3"], ["cuda:5"], ["cuda:6"], ["cuda:7"]]
     assert layout[0]["idle_gpus"] == [4]
-    with pytest.raises(StartupError, match=r"make 2 \+ 3 ranks but torchrun started 8; pass --nproc-per-node 5"):
+    with pytest.raises(StartupError, match=r"make 2 \+ 3 ranks per node but torchrun started 8 \(WORLD_SIZE 8\); pass --nproc-per-node 5"):
         plan_layout(cfg, 8, cuda=True, per_rank=2)
     # on the CPU the split goes over 'cpu' devices; the ranks are --target-ranks
     T, D, layout = plan_layout(_cfg(target_gpus_per_rank=2), 2, cuda=False, per_rank=2)

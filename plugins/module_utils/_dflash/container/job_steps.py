@@ -9,7 +9,9 @@ release - alone when the job was kept, or after a failure).
 A restart of such a job cannot run under one flock: it spans several module calls and several containers. So
 `reserve` writes a reservation (<runs root>/.dflash-job.json: the restart's token, the run, when) under this node's
 lifecycle lock; every later step, and any other lifecycle operation on this node, finds it and refuses another
-token until `release` removes it, or it is older than lock_timeout (a play that died mid-restart). The role takes
+token until `release` removes it, or it is older than lock_timeout (a play that died mid-restart). Another restart's
+`reserve` waits for it instead (up to lock_timeout, then refuses naming the holder): two restarts of one job run one
+after the other. The role takes
 the reservations node after node in the nodes' order, so two restarts cannot each hold half the nodes.
 
 Stdlib only: part of the package shipped into the container (controller/lifecycle_shipping.py).
@@ -41,13 +43,30 @@ def live_reservation(req):
     return held
 
 
-def refuse_if_reserved(req, error):
+def refuse_if_reserved(req, error, waited_s=None):
     held = live_reservation(req)
     if held:
-        raise error("this node is reserved by the restart of job %s (token %s, %ds ago) across its nodes; wait "
+        waited = "; waited %ds for it" % waited_s if waited_s is not None else ""
+        raise error("this node is reserved by the restart of job %s (token %s, %ds ago) across its nodes%s; wait "
                     "for that restart to end (or %ss after it began, if its play died)"
-                    % (held.get("run"), held.get("token"), time.time() - float(held.get("at", 0)),
+                    % (held.get("run"), held.get("token"), time.time() - float(held.get("at", 0)), waited,
                        req["lock_timeout"]))
+
+
+def wait_while_reserved(req, error, poll_s=POLL_S):
+    """A second restart's reserve waits for the restart holding this node to give it back - outside the lifecycle
+    lock, which the holder's own steps take - for at most lock_timeout (the holder's reservation expires by then,
+    unless it was taken later than it says); then refuses, naming the holder. Returns the holder waited for
+    ({run, token, waited_s}) or None."""
+    t0, holder = time.monotonic(), None
+    while True:
+        held = live_reservation(req)
+        if not held:
+            return holder and dict(holder, waited_s=round(time.monotonic() - t0, 1))
+        holder = {"run": held.get("run"), "token": held.get("token")}
+        if time.monotonic() - t0 >= req["lock_timeout"]:
+            refuse_if_reserved(req, error, time.monotonic() - t0)
+        time.sleep(poll_s)
 
 
 def node_state(req):

@@ -22,7 +22,7 @@ from .file_lock import FileLock
 from .gpu_release import check_gpus_exist, wait_for_release
 from .job_ranks import clear_rank_files, is_healthy, rank_states, stop_job
 from .job_nodes import node_label
-from .job_steps import refuse_if_reserved, release, reserve, reserved, verify_node
+from .job_steps import refuse_if_reserved, release, reserve, reserved, verify_node, wait_while_reserved
 from .plain_text import plain
 from .procfs import POLL_S, cmdline, cmdline_matches, stop_group
 from .rank_ends import describe_rank
@@ -60,42 +60,40 @@ def _launch_path(req):
     return str((req.get("env") or {}).get("PATH", LAUNCH_PATH))
 
 
+NODE_RANKS_ENV = "DFLASH_NODE_RANKS"  # the trainer's variable for each node's rank count (distributed/nodes.py)
+
+
 def launch_env(req, secrets=True):
-    """The trainer's environment: PATH, the run's env (and secret env), the run contract's two variables."""
+    """The trainer's environment: PATH, the run's env (and secret env), the run contract's two variables; for a
+    job over nodes, each node's rank count (torchrun tells a rank only its own node's, the layout needs all)."""
     env = {"PATH": LAUNCH_PATH}
     env.update(dict((k, str(v)) for k, v in (req.get("env") or {}).items()))
     if secrets:
         env.update(dict((k, str(v)) for k, v in (req.get("secret_env") or {}).items()))
     env.update(DFLASH_RUN_DIR=req["run_dir"], DFLASH_RUN_NAME=req["run"])
+    nodes = (req.get("job") or {}).get("nodes")
+    if nodes:
+        env[NODE_RANKS_ENV] = ",".join(str(n["nproc_per_node"]) for n in nodes)
     return env
 
 
 def trainer_check(req):
-    """The trainer's check of this launch (trainer_check.py): its settings, and a torchrun job's layout and ranks'
-    directory filled in from its answer. CheckRefused when it refuses."""
+    """The trainer's check of this launch (trainer_check.py): its settings, and a torchrun job's layout (every
+    rank's role, GPU and node: the trainer's answer) and ranks' directory filled in from its answer. CheckRefused
+    when it refuses."""
     env = launch_env(req, secrets=False)  # no check reads a secret: they stay out of one more process
-    if req.get("job"):  # a job over nodes: the whole job's rank count
+    if req.get("job"):  # the whole job's rank count and, over nodes, this node's index (torchrun's names)
         env["WORLD_SIZE"] = str(req["job"].get("world_size") or req["job"]["nproc_per_node"])
+        if req["job"].get("nodes"):
+            env["GROUP_RANK"] = str(req["job"]["node"])
     report = run_check(req["check_argv"], env, check_cwd(req), req["heartbeat_timeout"])
     settings = report.get("settings") or {}
     settings.setdefault("checkpoints", os.path.join(req["run_dir"], "checkpoints"))
     if req.get("job"):
         ranks_root = settings.get("run_dir") or req["run_dir"]
-        req["job"] = dict(req["job"], layout=_with_nodes(collection_layout(report.get("layout")), req["job"]),
+        req["job"] = dict(req["job"], layout=collection_layout(report.get("layout"), bool(req["job"].get("nodes"))),
                           ranks_dir=os.path.join(ranks_root, "ranks"))
     return settings
-
-
-def _with_nodes(layout, job):
-    """Each rank's node in a job over nodes: torchrun numbers the ranks node after node (the nodes' order)."""
-    if not layout or not job.get("nodes"):
-        return layout
-    owner, first = {}, 0
-    for i, node in enumerate(job["nodes"]):
-        for rank in range(first, first + node["nproc_per_node"]):
-            owner[rank] = i
-        first += node["nproc_per_node"]
-    return [dict(row, node=owner.get(row["rank"])) for row in layout]
 
 
 def launch(req, now, settings):
@@ -477,6 +475,10 @@ def job_step(req):
     if req.get("check_mode"):
         return result
     os.makedirs(req["runs_root"], exist_ok=True)
+    if step == "reserve":  # another restart holds the node: wait for it, outside the lock its steps take
+        waited = wait_while_reserved(req, LifecycleError)
+        if waited:
+            result["waited_for"] = waited
     with lifecycle_lock(req["runs_root"], req["lock_timeout"]):
         if step == "release":
             result["released"] = release(req)

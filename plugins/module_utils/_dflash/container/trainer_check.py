@@ -68,8 +68,9 @@ def run_check(argv, env, cwd, timeout):
     raise CheckRefused("; ".join(problems))
 
 
-def collection_layout(layout):
-    """launch.json's job layout from the trainer's: [{rank, role, gpu[, gpus]}] (gpu None on the CPU)."""
+def collection_layout(layout, over_nodes=False):
+    """launch.json's job layout from the trainer's: [{rank, role, gpu[, gpus][, node]}] (gpu None on the CPU; node,
+    for a job over nodes: the trainer's answer, None from a trainer that does not say)."""
     if not layout:
         return None
     rows = []
@@ -77,6 +78,8 @@ def collection_layout(layout):
         devices = entry.get("devices") or [entry.get("device")]
         gpus = [int(d.split(":", 1)[1]) for d in devices if str(d).startswith("cuda:")]
         row = {"rank": entry["rank"], "role": entry["role"], "gpu": gpus[0] if gpus else None}
+        if over_nodes:
+            row["node"] = entry.get("node")
         if len(gpus) > 1:
             row["gpus"] = gpus
         rows.append(row)

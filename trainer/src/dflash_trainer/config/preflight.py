@@ -2,13 +2,16 @@
 
     dflash-train --check --target-model /dev/shm/models/target --data-dir /workspace/data --output-dir /w/out ...
     WORLD_SIZE=8 dflash-train --check ...     # as one rank of an 8-process torchrun job sees it
+    WORLD_SIZE=16 LOCAL_WORLD_SIZE=8 dflash-train --check ...   # a job of 2 nodes x 8 ranks (the whole job's layout)
+    WORLD_SIZE=3 DFLASH_NODE_RANKS=2,1 GROUP_RANK=1 dflash-train --check ...   # nodes of 2 and 1 ranks, seen on node 1
 
 The argv and the environment knobs are parsed exactly as a launch parses them (cli.py's generated flags,
 config.TrainConfig and its checks), then every start-up check that needs no weights on a GPU runs: the target
 directory (config readable, a model family transformers has, staged manifest complete, mask token, tapped layers),
 the data directory (shards with their columns, token ids inside the target's vocabulary: the tokenizer matches), the
 output directory (writable, room for the next checkpoint), the GPU indexes (visible devices), and for WORLD_SIZE > 1
-the torchrun layout (dist_world.plan_layout, the rule the ranks follow) and the hidden-state queues' host memory
+the torchrun layout of the whole job, every rank's role, device, node and local rank (dist_world.plan_layout over
+distributed/nodes.py's node sizes, the rule the ranks follow) and this node's hidden-state queues' host memory
 (dist_train.check_queue_memory, against MemTotal). Nothing is created or written: no heartbeat, no run or output
 directory. The check runs before the live run is stopped, so what that run holds (host memory, GPU memory) is
 counted as the new run's: it refuses what cannot work even once the live run is gone, and the ranks check the free
@@ -31,7 +34,6 @@ import difflib
 import json
 import os
 import sys
-import types
 
 from dflash_trainer.config import (TrainConfig, data_shards, declared_default, env_fields, flag_fields,
                                    option_name, validate_data, validate_target)
@@ -233,32 +235,40 @@ def _gpus_per_target_rank(cfg: TrainConfig, cuda: bool) -> int:
     return dist_world.gpus_per_target_rank(cfg, cuda, free)[0]
 
 
-def check_world(cfg: TrainConfig, world_size: int) -> tuple[list | None, list[str]]:
-    """(layout, problems) of a torchrun job of world_size ranks: the ranks' own rule and queue check."""
+def check_world(cfg: TrainConfig, world_size: int, environ=os.environ) -> tuple[list | None, list[str]]:
+    """(layout, problems) of a torchrun job of world_size ranks over its nodes (distributed/nodes.py: from
+    DFLASH_NODE_RANKS or torchrun's variables): the ranks' own rule, and the queue check for this node (GROUP_RANK,
+    node 0 when unset)."""
     import torch
 
     from dflash_trainer.distributed import dist_train
     from dflash_trainer.distributed import hs_queue
     from dflash_trainer.distributed import world as dist_world
+    from dflash_trainer.distributed.nodes import job_nodes
     from dflash_trainer.config import StartupError
     cuda = torch.cuda.is_available()
     try:
+        nodes = job_nodes(world_size, environ)
         per_rank = _gpus_per_target_rank(cfg, cuda)
-        T, _D, layout = dist_world.plan_layout(cfg, world_size, cuda, per_rank)
+        T, D, layout = dist_world.plan_layout(cfg, world_size, cuda, per_rank, nodes)
+        node = int(environ.get("GROUP_RANK") or 0)
+        if not 0 <= node < nodes.count:
+            raise StartupError(f"GROUP_RANK {node} is not a node of the job's {nodes.describe()}; set it to this "
+                               f"node's index (0 to {nodes.count - 1})")
     except StartupError as e:
         return None, [str(e)]
-    # check_queue_memory counts this host's drafter ranks from rank 0's view of a one-host job
-    world = types.SimpleNamespace(rank=0, world_size=world_size, num_target_ranks=T,
-                                  device=torch.device(layout[T]["device"]))
-    local = {k: os.environ.pop(k) for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if k in os.environ}
+    here = [row for row in layout if row["node"] == node and row["role"] == "drafter"]
+    if not here:
+        return layout, []
+    # check_queue_memory counts this node's drafter ranks from the layout, seen from its first drafter rank
+    world = dist_world.World(rank=here[0]["rank"], world_size=world_size, num_target_ranks=T, num_drafter_ranks=D,
+                             device=torch.device(here[0]["device"]), pid_file="", layout=layout)
     try:
         # MemTotal, not MemAvailable: the live run's queues still hold host memory until it is stopped; the check
         # refuses what cannot fit even then, and the ranks check MemAvailable again at start.
         dist_train.check_queue_memory(cfg, world, available=hs_queue.meminfo("MemTotal"))
     except (StartupError, OSError, KeyError, ValueError) as e:
         return layout, [str(e)]
-    finally:
-        os.environ.update(local)
     return layout, []
 
 
@@ -310,7 +320,7 @@ def check(argv: list[str], environ=os.environ) -> dict:
     problems += check_output(cfg)
     problems += check_devices(cfg)
     if world_size > 1 and target_ok:
-        report["layout"], more = check_world(cfg, world_size)
+        report["layout"], more = check_world(cfg, world_size, environ)
         problems += more
     if not problems:
         report["check"] = "ok"

@@ -60,15 +60,24 @@ class TrainConfig:
     run_dir: str | None = flag(None, help="heartbeat.json, metrics/profile/telemetry/snapshots.jsonl "
                                           "(default: --output-dir)", group=PATHS)
     target_gpus: list[int] = flag(default_factory=list, parse=parse_gpu_list, group=DEVICES,
-                                  help="GPUs for the target, e.g. 0,1,2,3,4; '' for none")
+                                  help="GPUs for the target, e.g. 0,1,2,3,4; '' for none (a torchrun job over "
+                                       "nodes: each node's list, the same on every node)")
     drafter_gpus: list[int] = flag(default_factory=list, parse=parse_gpu_list, group=DEVICES,
-                                   help="GPUs for the drafter, e.g. 5,6,7; '' for none")
+                                   help="GPUs for the drafter, e.g. 5,6,7; '' for none (over nodes: each node's)")
     device: str = flag("auto", choices=("auto", "cpu", "cuda"), group=DEVICES,
                        help="auto: CUDA if present (GPU lists default to GPU 0), else CPU, where non-empty GPU "
-                            "lists are refused; cpu: ignore the GPU lists; cuda: refuse to run without CUDA")
+                            "lists are refused; cpu: run on the CPU (one process ignores the GPU lists; a torchrun "
+                            "job given both lists takes their layout, every rank on the CPU: a rehearsal); cuda: "
+                            "refuse to run without CUDA")
     target_ranks: int = flag(1, parse=parse_int, check=at_least(1), group=TORCHRUN,
                              help="on the CPU (both GPU lists empty): ranks 0..N-1 run the target, the other "
                                   "WORLD_SIZE-N ranks train the drafter; with GPUs the lists decide")
+    collective_timeout: float = flag(1800.0, parse=parse_float, check=positive, group=TORCHRUN, metavar="SECONDS",
+                                     help="how long a rank waits for its peers in one collective or hidden-state "
+                                          "transfer before it fails (torch's default 1800): a peer whose host became "
+                                          "unreachable (no connection reset) ends the job after this, freeing the "
+                                          "other nodes' GPUs; keep it above the longest pause between collectives "
+                                          "(loading the target, writing a checkpoint)")
     hs_queue_depth: int = flag(90, parse=parse_int, check=at_least(1), group=TORCHRUN,
                                help="most micro-batches of hidden states held per drafter rank (host memory)")
     hs_queue_min_ready: int = flag(30, parse=parse_int, check=at_least(0), group=TORCHRUN,

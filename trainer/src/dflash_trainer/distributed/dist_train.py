@@ -8,9 +8,10 @@ One host, 8 GPUs (5 target ranks, 3 drafter ranks; NCCL):
     torchrun --standalone --nproc-per-node 8 --shutdown-timeout 600 -m dflash_trainer.cli \
         --target-model /models/Qwen3.6-27B --data-dir /data/tok --output-dir /runs/r1/out \
         --target-gpus 0,1,2,3,4 --drafter-gpus 5,6,7 --hs-queue-depth 90 --hs-queue-min-ready 30
-Several hosts (the same command on each; rank order = node rank order, targets first):
+Several hosts (the same command on each; the GPU lists are each node's: here 5 target + 3 drafter ranks per node,
+node 0's ranks 0-7, node 1's 8-15, so T = 10 and D = 6; see world.py):
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29500 --rdzv-id r1 \
-        --shutdown-timeout 600 -m dflash_trainer.cli ... --target-gpus 0,...,7 --drafter-gpus 0,...,7
+        --shutdown-timeout 600 -m dflash_trainer.cli ... --target-gpus 0,1,2,3,4 --drafter-gpus 5,6,7
 A target that needs 2 GPUs (2 target ranks, layers split over GPUs 0-1 and 2-3, GPU 4 idle) and FSDP drafters:
     torchrun --standalone --nproc-per-node 5 --shutdown-timeout 600 -m dflash_trainer.cli ... \
         --target-gpus 0,1,2,3,4 --target-gpus-per-rank 2 --drafter-gpus 5,6,7 --drafter-sharding fsdp
@@ -68,10 +69,12 @@ def check_queue_memory(cfg: TrainConfig, world: World, available: int | None = N
         target_config = json.load(f)
     hidden = int(target_config.get("text_config", target_config)["hidden_size"])
     on_cuda = world.device.type == "cuda"
-    # this host's ranks: torchrun numbers them RANK - LOCAL_RANK ... + LOCAL_WORLD_SIZE - 1
-    first = world.rank - int(os.environ.get("LOCAL_RANK", "0"))
-    local = range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", str(world.world_size))))
-    drafters_here = sum(1 for r in local if r >= world.num_target_ranks)
+    if world.layout:  # this rank's node's drafter ranks (the layout names each rank's node)
+        drafters_here = sum(1 for row in world.layout if row["role"] == "drafter" and row["node"] == world.node)
+    else:  # this host's ranks: torchrun numbers them RANK - LOCAL_RANK ... + LOCAL_WORLD_SIZE - 1
+        first = world.rank - int(os.environ.get("LOCAL_RANK", "0"))
+        local = range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", str(world.world_size))))
+        drafters_here = sum(1 for r in local if r >= world.num_target_ranks)
     K = cfg.num_target_taps + int(cfg.use_soft_labels)
     check_host_memory(cfg.hs_queue_depth,
                       batch_tap_bytes(cfg.token_budget, cfg.num_target_taps, hidden, cfg.use_soft_labels, on_cuda),

@@ -128,11 +128,11 @@ def _load_target(cfg: TrainConfig, world: World, layer_ids):
 def run_target(cfg: TrainConfig, world: World, plan, layer_ids, stop: threading.Event,
                nvml: NvmlTelemetry) -> None:
     """Stream item k of the plan (the k-th micro-batch since the job started) is this rank's if k % T is its
-    role rank: collated, run through the target, sent to drafter rank T + g % D (g: the micro-batch's index in
-    its step), until the plan ends or the drafters stop."""
+    role rank: collated, run through the target, sent to drafter g % D (g: the micro-batch's index in its step;
+    drafter i is global rank world.drafter_ranks[i]), until the plan ends or the drafters stop."""
     target = _load_target(cfg, world, layer_ids)
     dist.barrier()  # every rank is loaded: the drafters' receivers start only now
-    T, D = world.num_target_ranks, world.num_drafter_ranks
+    T, D, drafters = world.num_target_ranks, world.num_drafter_ranks, world.drafter_ranks
     with ExitStack() as stack:
         progress = RankProgress(world, cfg, lambda msg: log(world, msg))
         stack.callback(progress.close)
@@ -149,7 +149,7 @@ def run_target(cfg: TrainConfig, world: World, plan, layer_ids, stop: threading.
         ending, num_items, t_start = _Ending(world, stop, sender), 0, time.perf_counter()
         mine = (slot for _, slots, _ in plan.steps() for slot in slots if slot.k % T == world.role_rank)
         for slot in mine:
-            dst = T + slot.micro % D
+            dst = drafters[slot.micro % D]
             if ending.past(slot, dst):
                 if ending.every_drafter_told:
                     break
@@ -211,12 +211,12 @@ def _build_drafter(cfg: TrainConfig, world: World, drafter_cfg: DrafterConfig, s
 def _receive(cfg: TrainConfig, world: World, plan_factory, reducer: DrafterRanks, drafter_cfg: DrafterConfig):
     """This rank's queue and the receiver filling it with its slots' items in plan order: (queue, receiver,
     number of my micro-batches)."""
-    T = world.num_target_ranks
+    T, targets = world.num_target_ranks, world.target_ranks
 
     def expected():
         for _, slots, _ in plan_factory().steps():
             for s in reducer.mine(slots):
-                yield s.k, s.step, s.micro, s.k % T
+                yield s.k, s.step, s.micro, targets[s.k % T]
 
     num_mine = sum(1 for _ in expected())
     hs_queue = HiddenStateQueue(cfg.hs_queue_depth, min(cfg.hs_queue_min_ready, num_mine))
