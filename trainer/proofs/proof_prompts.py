@@ -47,6 +47,11 @@ FUNCTIONS = ["returns the sum of a list of numbers", "reverses a string", "check
              "checks whether two strings are anagrams", "returns the even numbers of a list",
              "implements binary search", "reads a CSV file and returns its rows", "capitalizes every word",
              "computes the square root with Newton's method", "transposes a matrix", "validates an email address"]
+FUNCTION_TASKS = ["Write a Python function that {f}.", "Write a Python function that {f}, with a docstring and an "
+                  "example.", "Explain how to write a function that {f}."]
+HUMANEVAL = "Complete this Python function:\n```python\n{stub}```"
+# Every template the training prompts are made from (the held-out check refuses a prompt that contains one)
+TEMPLATES = TASKS + FUNCTION_TASKS + [HUMANEVAL]
 
 
 def _package_file(package: str, relative: str) -> str | None:
@@ -62,10 +67,7 @@ def _package_file(package: str, relative: str) -> str | None:
 
 def templated() -> list[str]:
     out = [task.format(t=topic) for topic in TOPICS for task in TASKS]
-    for f in FUNCTIONS:
-        out += [f"Write a Python function that {f}.", f"Write a Python function that {f}, with a docstring and "
-                "an example.", f"Explain how to write a function that {f}."]
-    return out
+    return out + [task.format(f=f) for f in FUNCTIONS for task in FUNCTION_TASKS]
 
 
 def humaneval() -> list[str]:
@@ -73,8 +75,7 @@ def humaneval() -> list[str]:
     if path is None:
         return []
     with gzip.open(path, "rt") as f:
-        return ["Complete this Python function:\n```python\n" + json.loads(line)["prompt"] + "```"
-                for line in f if line.strip()]
+        return [HUMANEVAL.format(stub=json.loads(line)["prompt"]) for line in f if line.strip()]
 
 
 def chitchat(limit: int, seed: int) -> list[str]:
