@@ -134,3 +134,33 @@ def test_regenerated_greedy_rows_equal_the_targets_greedy_decode(chat_target, tm
         n_prompt = mask.index(1)
         ref = reference_greedy(model, ids[:n_prompt], 10, eos_ids={tok.eos_token_id})
         assert ids[n_prompt:] == ref.tokens
+
+
+def test_held_out_prompts_are_refused_from_training_data(chat_target, tmp_path, capsys):
+    from dflash_trainer.prep.heldout import OTHER_STYLES, load_prompts
+    other = load_prompts(OTHER_STYLES)
+    long_one = next(p for p in other if len(p.split()) >= 12)
+    reply = {"role": "assistant", "content": "ok"}
+    rows = synthetic_chats(3, seed=4) + [
+        {"messages": [{"role": "user", "content": other[0]}, reply]},                            # one as it is
+        {"messages": [{"role": "system", "content": "be brief"},                                 # 8 of its words,
+                      {"role": "user", "content": "hi . " + " ".join(long_one.split()[3:11]) + " ?"}, reply]},  # inside
+        {"messages": [{"role": "user", "content": "count from one to three"}, reply]},           # not held out
+    ]
+    mine = write_jsonl(tmp_path / "mine.jsonl", [{"prompt": "say red green blue again"}])  # a held-out file of one's own
+    rows.append({"messages": [{"role": "user", "content": "please say red green blue again"}, reply]})
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    assert main(["--target-model", chat_target, "--input", src, "--out-dir", str(out), "--held-out", mine,
+                 "--no-progress"]) == 0
+    stats = json.load(open(out / "stats.json"))
+    assert stats["bad"] == {"held_out": 3} and stats["num_rows_written"] == 4
+    assert "held_out 3" in capsys.readouterr().out
+    # without the file of one's own, only the other-styles set is held out; a missing file is named before
+    # anything is written
+    assert prepare(chat_target, [src], str(tmp_path / "out2"), progress=False)["bad"] == {"held_out": 2}
+    assert main(["--target-model", chat_target, "--input", src, "--out-dir", str(tmp_path / "out3"),
+                 "--held-out", str(tmp_path / "none.jsonl"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "none.jsonl: no such file" in err
+    assert not os.path.exists(tmp_path / "out3")
