@@ -195,6 +195,7 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
             held_out: tuple[str, ...] = ()) -> dict:
     """Runs (or resumes) a preparation; returns the stats dict also written to stats.json. `held_out`: prompt
     files whose prompts no row may overlap, beside the other-styles set (always held out)."""
+    held_out = tuple(p for p in held_out if os.path.abspath(p) != OTHER_STYLES)  # held out anyway, not recorded
     guard = HeldOut.from_files([OTHER_STYLES, *held_out])  # a bad --held-out file fails before anything is written
     # datasets' arrow copy of the input lives in the out dir for this run only (not in the user's cache)
     cache = os.path.join(out_dir, ".datasets-cache")
