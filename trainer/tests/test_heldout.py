@@ -22,6 +22,7 @@ def sources():
     whatever --num-chitchat), and its templates."""
     pp = load_benchmark("proofs.proof_prompts")
     training = pp.templated() + pp.humaneval() + pp.chitchat(10**9, seed=0)
+    training += ["\n".join(m["content"] for m in conv) for conv in pp.multi_turn(10**9, seed=0)]  # --num-multi-turn
     assert len(pp.humaneval()) == 164 and len(training) > 80_000  # both packages' data files were read
     return training, pp.TEMPLATES
 

@@ -118,6 +118,26 @@ def test_regenerate_uses_the_targets_own_tokens_and_resumes(chat_target, tmp_pat
         prepare(chat_target, [src], out, **kw)
 
 
+def test_regenerate_answers_the_last_user_turn_of_a_multi_turn_row_in_its_context(chat_target, tmp_path):
+    from transformers import AutoTokenizer
+    turns = [{"role": "user", "content": "count from one to three"}, {"role": "assistant", "content": "one two three"},
+             {"role": "user", "content": "again please"}]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"messages": turns}, {"messages": turns[:2]}])
+    out = str(tmp_path / "regen")
+    stats = prepare(chat_target, [src], out, regenerate=True, temperature=0.0, max_new_tokens=6, batch_size=2,
+                    engine="transformers", device="cpu", max_seq_len=128, progress=False)
+    assert stats["num_rows_written"] == 2
+    tok = AutoTokenizer.from_pretrained(chat_target)
+    whole, first = (tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
+                    for m in (turns, turns[:1]))
+    (ids_a, mask_a), (ids_b, mask_b) = read_rows(out)
+    # the multi-turn row: all three turns are the prompt (unsupervised), the answer to the last one is supervised
+    n = mask_a.index(1)
+    assert ids_a[:n] == tok(whole, add_special_tokens=False)["input_ids"] and all(mask_a[n:])
+    # a row that ends with an assistant turn is answered after its first user turn, as before
+    assert ids_b[:mask_b.index(1)] == tok(first, add_special_tokens=False)["input_ids"]
+
+
 def test_regenerated_greedy_rows_equal_the_targets_greedy_decode(chat_target, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

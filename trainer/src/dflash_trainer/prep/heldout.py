@@ -21,6 +21,8 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
+from .chat_tokens import prompt_messages
+
 NGRAM = 8
 OTHER_STYLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "other_styles.jsonl")
 
@@ -31,17 +33,12 @@ def words(text: str) -> list[str]:
 
 
 def prompt_text(row) -> str:
-    """The user side of a prompt row as one text: its messages before the first assistant turn ({"messages"}), or
-    its "prompt"/"text" string, or the row itself if it is a string."""
+    """A prompt row as one text: the contents of its prompt messages ({"messages"}: chat_tokens.prompt_messages, as
+    dflash-eval reads them), or its "prompt"/"text" string, or the row itself if it is a string."""
     if isinstance(row, str):
         return row
     if "messages" in row:
-        out = []
-        for m in row["messages"]:
-            if m["role"] == "assistant":
-                break
-            out.append(m["content"])
-        return "\n".join(out)
+        return "\n".join(m["content"] for m in prompt_messages(row["messages"]))
     return row.get("prompt", row.get("text", ""))
 
 

@@ -17,8 +17,9 @@ assistant turn's text as the template renders it (content and end-of-turn marker
 the conversation up to that turn with and without the generation prompt. Plain text: every token (no template).
 
 --regenerate (docs/dflash.md "Data": the drafter must imitate the target): each row's prompt (the messages
-before the first assistant turn; for plain text its first half) is answered by the target itself (vLLM when
-importable and --engine allows, else transformers generate, batched, left padding). The row is then the prompt
+before the first assistant turn, or all of a conversation that ends with a user turn; for plain text its first
+half) is answered by the target itself (vLLM when importable and --engine allows, else transformers generate,
+batched, left padding). The row is then the prompt
 ids plus the generated ids exactly as generated (not re-tokenized text), loss_mask 1 on the generated ids.
 
 Held-out prompts are never trained on: a row whose text shares a run of 8 words with a held-out prompt, or
