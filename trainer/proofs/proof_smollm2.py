@@ -49,7 +49,7 @@ import torch
 from dflash_trainer import cli
 from dflash_trainer.config import find_mask_token_id
 from dflash_trainer.prep.heldout import OTHER_STYLES, load_prompts
-from dflash_trainer.prep.prepare_data import prepare
+from dflash_trainer.prep.prepare_data import add_regeneration_flags, check_regeneration, prepare
 
 from . import proof_eval, proof_report
 
@@ -188,10 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-other-styles", type=int, default=None,
                    help="evaluate only the first N of them (default all)")
     g.add_argument("--eval-max-new-tokens", type=int, default=192)
-    g.add_argument("--regen-max-new-tokens", type=int, default=384)
-    g.add_argument("--regen-batch-size", type=int, default=512)
     g.add_argument("--regen-budget-s", type=float, default=120.0, help="stop starting new shards after this")
-    g.add_argument("--regen-rows-per-shard", type=int, default=512)
     g.add_argument("--data-root", default=None,
                    help="where the prompt split and the regenerated data live (default --out); a second proof "
                         "given the first one's --out reuses its data (prepare-data's fingerprint checks that "
@@ -202,9 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate on this device (e.g. cpu or cuda:1) while training; default: after training, on "
                         "--device")
     g.add_argument("--eval-threads", type=int, default=None, help="torch threads of a CPU evaluation worker")
-    g.add_argument("--temperature", type=float, default=0.7, help="regeneration; 0 = greedy, like the evaluation")
     g.add_argument("--report-dir", default=None, help="also write proof.json/proof.md here (e.g. $OUT)")
     g.add_argument("--deadline-s", type=float, default=None, help="skip remaining evaluations after this")
+    # dflash-prepare-data's regeneration flags (its declaration), as --regen-*; the proof's defaults, in the open:
+    # a larger batch and shard for a GPU's regeneration, and a response cap that fits --regen-budget-s
+    add_regeneration_flags(g, prefix="regen-")
+    p.set_defaults(regen_max_new_tokens=384, regen_batch_size=512, regen_rows_per_shard=512)
     # dflash-train's own flags (its declaration, its defaults); --seed also seeds the split and the regeneration,
     # --max-seq-len also caps the regenerated rows, --block-size is also the evaluation's block
     cli.add_train_flags(p, skip=DRIVER_SET[:3], required=False)
@@ -228,6 +228,10 @@ def parse_args(argv):
     elif not (getattr(args, "target_model", None) and args.prompts):
         p.error("--target-model and --prompts are required without --tiny")
     train_argv = (TINY_TRAIN_ARGV if args.tiny else []) + cli.given_train_argv(args, skip=DRIVER_SET)
+    try:
+        check_regeneration(args, prefix="regen-")
+    except ValueError as e:
+        p.error(str(e))
     if args.num_other_styles is not None and args.num_other_styles < 1:
         p.error("--num-other-styles must be at least 1 (leave it out for all)")
     try:

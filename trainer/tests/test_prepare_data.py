@@ -184,3 +184,35 @@ def test_held_out_prompts_are_refused_from_training_data(chat_target, tmp_path, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "none.jsonl: no such file" in err
     assert not os.path.exists(tmp_path / "out3")
+
+
+def test_the_regeneration_levers_are_declared_once_and_the_cap_reaches_the_data(chat_target, tmp_path, capsys):
+    from dflash_trainer.prep import prepare_data
+    from trainer_testlib import load_benchmark
+    proof = load_benchmark("proofs.proof_smollm2")
+    mine, theirs = ({a.dest: a for a in p._actions} for p in (prepare_data.build_parser(), proof.build_parser()))
+    d = prepare_data.prepare_defaults()
+    proofs_own = {"regen_max_new_tokens": 384, "regen_batch_size": 512, "regen_rows_per_shard": 512}
+    for name, kind, _ in prepare_data.REGENERATION_FLAGS:
+        dest = name if name == "temperature" else f"regen_{name}"
+        assert mine[name].type is theirs[dest].type is kind and mine[name].help == theirs[dest].help
+        assert mine[name].default == d[name] and theirs[dest].default == proofs_own.get(dest, d[name])
+    # a bad lever is refused in one line naming the flag as each command spells it
+    assert main(["--target-model", chat_target, "--input", "x.jsonl", "--out-dir", str(tmp_path / "o"),
+                 "--max-new-tokens", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "dflash-prepare-data: error: --max-new-tokens must be at least 1"
+    with pytest.raises(SystemExit):
+        proof.main(["--target-model", chat_target, "--prompts", "x.jsonl", "--out", str(tmp_path / "p"),
+                    "--time-budget-min", "1", "--regen-max-new-tokens", "0"])
+    assert capsys.readouterr().err.strip().endswith("error: --regen-max-new-tokens must be at least 1")
+    assert not os.path.exists(tmp_path / "o") and not os.path.exists(tmp_path / "p")
+    # the response cap: no regenerated answer is longer, and the ones cut there are counted
+    src = write_jsonl(tmp_path / "in.jsonl", synthetic_chats(6, seed=5))
+    out = tmp_path / "capped"
+    assert main(["--target-model", chat_target, "--input", src, "--out-dir", str(out), "--regenerate",
+                 "--max-new-tokens", "3", "--temperature", "0", "--device", "cpu", "--engine", "transformers",
+                 "--no-progress"]) == 0
+    rows = read_rows(out)
+    assert rows and all(sum(mask) <= 3 for _, mask in rows)
+    stats = json.load(open(out / "stats.json"))
+    assert stats["num_truncated_generations"] == sum(sum(mask) == 3 for _, mask in rows) > 0

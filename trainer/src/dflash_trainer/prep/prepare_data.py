@@ -258,8 +258,48 @@ def _run(source, target_model: str, inputs: list[str], out_dir: str, fmt: str, s
     return _write_stats(out_dir, state, total, bad)
 
 
-def main(argv: list[str] | None = None) -> int:
-    d = {k: v.default for k, v in inspect.signature(prepare).parameters.items()}  # each default declared once
+def prepare_defaults() -> dict:
+    """prepare()'s keyword defaults: each default declared once, in its signature."""
+    return {k: v.default for k, v in inspect.signature(prepare).parameters.items()}
+
+
+# The regeneration levers as flags, declared once: (prepare()'s parameter, type, help). dflash-prepare-data takes
+# them under these names; the proof driver with --regen- in front (--temperature as it is).
+REGENERATION_FLAGS = (
+    ("temperature", float, "sampling temperature of the regeneration (0 = greedy)"),
+    ("max_new_tokens", int, "the response cap: a regenerated answer stops after this many tokens (kept, counted as "
+                            "num_truncated_generations)"),
+    ("batch_size", int, "prompts per generate call (transformers)"),
+    ("rows_per_shard", int, "input rows per shard (and per resume unit)"),
+)
+
+
+def _regeneration_flag(name: str, prefix: str) -> str:
+    return "--" + ("" if name == "temperature" else prefix) + name.replace("_", "-")
+
+
+def add_regeneration_flags(p, prefix: str = "") -> None:
+    """REGENERATION_FLAGS on parser `p`, with prepare()'s defaults; `prefix` goes before every name but
+    --temperature's (dest: the name with it, e.g. regen_max_new_tokens). A tool with other defaults says so with
+    p.set_defaults, in the open."""
+    d = prepare_defaults()
+    for name, kind, text in REGENERATION_FLAGS:
+        p.add_argument(_regeneration_flag(name, prefix), type=kind, default=d[name],
+                       help=f"{text} (default %(default)s)")
+
+
+def check_regeneration(args, prefix: str = "") -> None:
+    """The regeneration flags' bounds (temperature >= 0, the others >= 1): a one-line ValueError naming the flag
+    as `args` (parsed by add_regeneration_flags with this prefix) spells it."""
+    for name, _, _ in REGENERATION_FLAGS:
+        flag = _regeneration_flag(name, prefix)
+        low = 0 if name == "temperature" else 1
+        if getattr(args, flag[2:].replace("-", "_")) < low:
+            raise ValueError(f"{flag} must be at least {low}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = prepare_defaults()
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target-model", required=True,
                    help="target dir (tokenizer + chat template; weights if --regenerate)")
@@ -273,12 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", required=True, help="parquet shards, progress.json and stats.json go here")
     p.add_argument("--max-seq-len", type=int, default=d["max_seq_len"],
                    help="longer rows are refused (reason too_long)")
-    p.add_argument("--rows-per-shard", type=int, default=d["rows_per_shard"],
-                   help="input rows per shard (and per resume unit)")
     p.add_argument("--regenerate", action="store_true", help="answer each prompt with the target itself")
-    p.add_argument("--temperature", type=float, default=d["temperature"], help="sampling temperature (0 = greedy)")
-    p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"])
-    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="prompts per generate call (transformers)")
+    add_regeneration_flags(p)
     p.add_argument("--engine", default=d["engine"], choices=["auto", "vllm", "transformers"])
     p.add_argument("--device", default=d["device"], choices=["auto", "cpu", "cuda"])
     p.add_argument("--seed", type=int, default=d["seed"], help="sampling seed, and the shuffle's")
@@ -286,14 +322,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="a JSONL of held-out prompts (repeatable): rows that overlap one are refused (reason held_out); "
                         f"the other-styles set ({os.path.basename(OTHER_STYLES)}) always is")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        if args.max_seq_len < 2 or args.rows_per_shard < 1 or args.batch_size < 1 or args.max_new_tokens < 1:
-            raise ValueError("--max-seq-len >= 2, --rows-per-shard, --batch-size and --max-new-tokens >= 1")
+        if args.max_seq_len < 2:
+            raise ValueError("--max-seq-len must be at least 2")
+        check_regeneration(args)
         if args.num_rows is not None and args.num_rows < 1:
             raise ValueError("--num-rows must be at least 1")
-        if args.temperature < 0:
-            raise ValueError("--temperature must be >= 0")
         stats = prepare(args.target_model, args.input, args.out_dir, max_seq_len=args.max_seq_len,
                         rows_per_shard=args.rows_per_shard, regenerate=args.regenerate,
                         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
