@@ -201,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-threads", type=int, default=None, help="torch threads of a CPU evaluation worker")
     g.add_argument("--report-dir", default=None, help="also write proof.json/proof.md here (e.g. $OUT)")
     g.add_argument("--deadline-s", type=float, default=None, help="skip remaining evaluations after this")
-    # dflash-prepare-data's regeneration flags (its declaration), as --regen-*; the proof's defaults, in the open:
-    # a larger batch and shard for a GPU's regeneration, and a response cap that fits --regen-budget-s
+    # dflash-prepare-data's regeneration flags (its declaration), as --regen-*; the proof's own defaults, in the
+    # open: the values it had before the declaration was shared (a GPU's batch and shard; its runs pass their own)
     add_regeneration_flags(g, prefix="regen-")
     p.set_defaults(regen_max_new_tokens=384, regen_batch_size=512, regen_rows_per_shard=512)
     # dflash-train's own flags (its declaration, its defaults); --seed also seeds the split and the regeneration,
