@@ -23,6 +23,8 @@
 #                                   --log-interval 50 --checkpoint-interval 100000 --num-eval 32
 #                                   --eval-max-new-tokens 128 --temperature 0 --regen-max-new-tokens 160
 #                                   --regen-batch-size 2048 --regen-rows-per-shard 2048 --regen-budget-s 420
+#                                   (every snapshot is also evaluated on the 78 other-styles prompts:
+#                                   --num-other-styles N evaluates fewer, PROOF.md "Two held-out sets")
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*)
 # Calls 3.. (within 30 s of the last): bash trainer/proofs/device_proof.sh watch [SECONDS]

@@ -10,8 +10,13 @@
     has exited) exists and every named snapshot has a result. Anything the worker left undone (it crashed, or
     ran out of time) is then done inline, so a failed worker costs time, not results.
 
-Files under OUT: eval/settings.json (written by the driver), eval/baseline.json (greedy references, target-only
-and prompt-lookup figures), eval/snapshot-STEP.json (that snapshot's DFlash figures and export dir).
+Every evaluation covers two prompt sets (SETS): the proof's own held-out split, and the other-styles set
+(dflash_trainer/prep/other_styles.jsonl unless --other-styles names another file), prompts unlike anything the
+proof trains on.
+
+Files under OUT: eval/settings.json (written by the driver), eval/baseline.json (per set: greedy references,
+target-only and prompt-lookup figures), eval/snapshot-STEP.json (per set that snapshot's DFlash figures, and its
+export dir).
 """
 
 from __future__ import annotations
@@ -31,6 +36,14 @@ from dflash_trainer.telemetry.heartbeat import write_json_atomic  # a reader (th
 from dflash_trainer.telemetry.writers import read_jsonl  # the snapshots.jsonl dflash-train appends to
 
 SNAPSHOTS = os.path.join("train", "snapshots.jsonl")
+# The prompt sets, in evaluation order: name -> the settings keys of their file and of their prompt count (None: all)
+SETS = {"split": ("eval_prompts", None), "other_styles": ("other_styles", "num_other_styles")}
+
+
+def result_key(key: str, name: str) -> str:
+    """Where a set's figures go in the report: the split's under the key reports have always used ("eval",
+    "baseline", "target_only"), the other sets' under key_<set> ("eval_other_styles")."""
+    return key if name == "split" else f"{key}_{name}"
 DONE = os.path.join("train", "done")
 
 
@@ -68,18 +81,22 @@ def baseline_result(out: str) -> dict | None:
 
 
 def merge(out: str, results: dict) -> None:
-    """Copy the evaluation files' figures into the driver's results dict (the report's shape)."""
+    """Copy the evaluation files' figures into the driver's results dict (the report's shape, result_key)."""
     base = baseline_result(out)
     if base:
-        results["target_only"], results["baseline"] = base["target_only"], base["prompt_lookup"]
+        for name, b in base["sets"].items():
+            results[result_key("target_only", name)] = b["target_only"]
+            results[result_key("baseline", name)] = b["prompt_lookup"]
     for snap in results["snapshots"]:
         res = snapshot_result(out, snap["step"])
         if res:
-            snap["eval"], snap["export"], snap["eval_device"] = res["eval"], res["export"], res["device"]
+            snap["export"], snap["eval_device"] = res["export"], res["device"]
+            for name, figures in res["eval"].items():
+                snap[result_key("eval", name)] = figures
 
 
 class Evaluator:
-    """The target in float32 on one device, the held-out prompts, and the greedy references."""
+    """The target in float32 on one device, the prompts of each set, and their greedy references."""
 
     def __init__(self, out: str, device: torch.device, log):
         self.out, self.device, self.log = out, device, log
@@ -87,33 +104,39 @@ class Evaluator:
         s = self.settings
         self.model, tokenizer = load_target(s["target"], device, torch.float32)
         self.eos = eos_ids(s["target"], self.model, tokenizer)
-        self.prompts = load_prompts(s["eval_prompts"], tokenizer)
+        self.prompts = {name: load_prompts(s[path_key], tokenizer, s.get(count_key) if count_key else None)
+                        for name, (path_key, count_key) in SETS.items()}
         base = baseline_result(out)
-        self.references = base["references"] if base else None
+        self.references = {name: b["references"] for name, b in base["sets"].items()} if base else None
+
+    def _evaluate(self, name: str, **kw) -> dict:
+        s = self.settings
+        return evaluate(self.model, self.prompts[name], block_size=s["block_size"],
+                        max_new_tokens=s["max_new_tokens"], eos=self.eos, progress=PromptProgress(self.log), **kw)
 
     def baseline(self) -> None:
         if self.references is not None:
             return
-        s = self.settings
-        rep = evaluate(self.model, self.prompts, block_size=s["block_size"], max_new_tokens=s["max_new_tokens"],
-                       eos=self.eos, ngram=3, baseline=True, references=None, progress=PromptProgress(self.log))
-        self.references = rep["references"]
-        write_json_atomic(_path(self.out, "baseline.json"),
-                          {"references": rep["references"], "target_only": rep["target_only"],
-                           "prompt_lookup": rep["methods"]["prompt_lookup_n3"], "device": str(self.device)})
-        self.log("baseline:\n" + format_table(rep))
+        sets = {}
+        for name in SETS:
+            rep = self._evaluate(name, ngram=3, baseline=True, references=None)
+            sets[name] = {"references": rep["references"], "target_only": rep["target_only"],
+                          "prompt_lookup": rep["methods"]["prompt_lookup_n3"]}
+            self.log(f"baseline, {name}:\n" + format_table(rep))
+        self.references = {name: b["references"] for name, b in sets.items()}
+        write_json_atomic(_path(self.out, "baseline.json"), {"sets": sets, "device": str(self.device)})
 
     def snapshot(self, snap: dict) -> None:
-        s = self.settings
         export_dir = os.path.join(self.out, f"export-{snap['minutes']}min")
-        export_checkpoint(snap["checkpoint"], s["target"], export_dir, dtype="bfloat16")
+        export_checkpoint(snap["checkpoint"], self.settings["target"], export_dir, dtype="bfloat16")
         drafter = load_drafter(export_dir, self.model, self.device, torch.float32)  # reloaded from the export
-        rep = evaluate(self.model, self.prompts, drafter=drafter, block_size=s["block_size"],
-                       max_new_tokens=s["max_new_tokens"], eos=self.eos, baseline=False,
-                       references=self.references, progress=PromptProgress(self.log))
+        figures = {}
+        for name in SETS:
+            rep = self._evaluate(name, drafter=drafter, baseline=False, references=self.references[name])
+            figures[name] = rep["methods"]["dflash"]
+            self.log(f"after {snap['minutes']} min ({snap['step']} steps), {name}:\n" + format_table(rep))
         write_json_atomic(_path(self.out, f"snapshot-{snap['step']}.json"),
-                          {"eval": rep["methods"]["dflash"], "export": export_dir, "device": str(self.device)})
-        self.log(f"after {snap['minutes']} min ({snap['step']} steps):\n" + format_table(rep))
+                          {"eval": figures, "export": export_dir, "device": str(self.device)})
 
 
 def run_inline(out: str, device: torch.device, deadline_t: float | None, log) -> None:

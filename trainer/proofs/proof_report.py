@@ -1,5 +1,6 @@
-"""The SmolLM2 proof's report: proof.json (everything) and proof.md (the τ table, histograms, per-slot
-acceptance), written into --out and, if given, --report-dir. Rewritten after every snapshot and evaluation."""
+"""The SmolLM2 proof's report: proof.json (everything) and proof.md (the τ table with both held-out sets side by
+side, histograms, per-slot acceptance), written into --out and, if given, --report-dir. Rewritten after every
+snapshot and evaluation."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import os
 
 from dflash_trainer.telemetry.heartbeat import write_json_atomic
 
+from .proof_eval import SETS, result_key
+
+SET_LABELS = {"split": "the proof's split", "other_styles": "other styles"}
+
 
 def write_results(out: str, results: dict) -> None:
     report_dir = results["args"].get("report_dir")
@@ -15,38 +20,53 @@ def write_results(out: str, results: dict) -> None:
         _write_results(d, results)
 
 
+def _tau(m: dict | None) -> str:
+    return "-" if not m else f"{m['tau']:.2f}"
+
+
+def _lossless(ms: list[dict | None]) -> str:
+    ms = [m for m in ms if m]
+    return "-" if not ms else "yes" if all(m["lossless"] for m in ms) else "NO"
+
+
 def _write_results(out: str, results: dict) -> None:
     os.makedirs(out, exist_ok=True)
     write_json_atomic(os.path.join(out, "proof.json"), results, indent=2)  # `watch` copies it while the proof runs
-    base = results.get("baseline") or {}
+    bases = {name: results.get(result_key("baseline", name)) for name in SETS}
+    base = bases["split"] or {}
     lines = [f"# DFlash proof: {results['target']}", "",
              f"block {results['block_size']}, {results['layers']} draft layers, mask token {results['mask_token']}, "
-             f"{results['num_eval_prompts']} held-out prompts, <= {results['eval_max_new_tokens']} new tokens, "
-             f"greedy, target {results['eval_dtype']} on {results.get('eval_device', results['device'])}; "
+             f"{results['num_eval_prompts']} held-out prompts of the proof's split and "
+             f"{results.get('num_other_styles_prompts', '-')} of other styles, <= {results['eval_max_new_tokens']} "
+             f"new tokens, greedy, target {results['eval_dtype']} on {results.get('eval_device', results['device'])}; "
              f"trained by dflash-train on {results['device']}", "",
-             "| drafter | training min | steps | passes | τ | τ / prompt-lookup | tokens/target fwd | lossless "
-             "| train τ proxy |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| drafter | training min | steps | passes | τ | τ other styles | τ / prompt-lookup | tokens/target fwd "
+             "| lossless | train τ proxy |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     if base:
-        lines.append(f"| prompt lookup (n<=3) | - | - | - | {base['tau']:.2f} | 1.00 | "
-                     f"{base['tokens_per_target_forward']:.2f} | {'yes' if base['lossless'] else 'NO'} | - |")
+        lines.append(f"| prompt lookup (n<=3) | - | - | - | {_tau(base)} | {_tau(bases['other_styles'])} | 1.00 | "
+                     f"{base['tokens_per_target_forward']:.2f} | {_lossless(list(bases.values()))} | - |")
     for s in results["snapshots"]:
         m = s.get("eval")
         if not m:
             continue
         ratio = m["tau"] / base["tau"] if base else float("nan")
-        lines.append(f"| DFlash | {s['minutes']} | {s['step']} | {s.get('passes', '-')} | {m['tau']:.2f} | "
-                     f"{ratio:.2f} | {m['tokens_per_target_forward']:.2f} | {'yes' if m['lossless'] else 'NO'} | "
+        other = s.get(result_key("eval", "other_styles"))
+        lines.append(f"| DFlash | {s['minutes']} | {s['step']} | {s.get('passes', '-')} | {_tau(m)} | {_tau(other)} | "
+                     f"{ratio:.2f} | {m['tokens_per_target_forward']:.2f} | {_lossless([m, other])} | "
                      f"{'-' if s.get('tau_proxy') is None else format(s['tau_proxy'], '.2f')} |")
+    lines += ["", "(τ / prompt-lookup, tokens/target fwd: on the proof's split; lossless: on both sets)"]
     for s in results["snapshots"]:
-        if s.get("eval"):
-            hist = ", ".join(f"{k}: {v}" for k, v in s["eval"]["accept_length_histogram"].items() if v)
-            lines += ["", f"accept-length histogram after {s['minutes']} min: {hist}",
-                      f"per-slot acceptance: {' '.join(f'{x:.2f}' for x in s['eval']['slot_accept_rate'])}"]
-    if base:
-        hist = ", ".join(f"{k}: {v}" for k, v in base["accept_length_histogram"].items() if v)
-        lines += ["", f"prompt-lookup histogram: {hist}"]
+        for name in SETS:
+            m = s.get(result_key("eval", name))
+            if m:
+                hist = ", ".join(f"{k}: {v}" for k, v in m["accept_length_histogram"].items() if v)
+                lines += ["", f"accept-length histogram after {s['minutes']} min, {SET_LABELS[name]}: {hist}",
+                          f"per-slot acceptance: {' '.join(f'{x:.2f}' for x in m['slot_accept_rate'])}"]
+    for name, b in bases.items():
+        if b:
+            hist = ", ".join(f"{k}: {v}" for k, v in b["accept_length_histogram"].items() if v)
+            lines += ["", f"prompt-lookup histogram, {SET_LABELS[name]}: {hist}"]
     lines += ["", f"data: {json.dumps(results.get('data', {}))}", f"stages: {json.dumps(results['stage_s'])}"]
     with open(os.path.join(out, "proof.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-

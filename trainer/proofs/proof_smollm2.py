@@ -24,9 +24,10 @@ Steps (each writes into --out; proof.json and proof.md are rewritten while train
      and noise follow the training time over the budget; it keeps a checkpoint at each snapshot minute and at
      the end of the budget (OUT/train/snapshots/<M>min, listed in OUT/train/snapshots.jsonl);
   d) each snapshot is exported (dflash-export format) and reloaded from the export;
-  e) dflash-eval's evaluation on the held-out prompts (proof_eval.py, inline or alongside training): the
-     target's greedy decode (reference), prompt lookup, and each snapshot's drafter; τ, histogram,
-     per-slot acceptance, losslessness.
+  e) dflash-eval's evaluation on two held-out sets (proof_eval.py, inline or alongside training): the split of a),
+     and the other-styles set (--other-styles, default the trainer's own: prompts unlike anything the proof trains
+     on, which prepare-data keeps out of the data); per set the target's greedy decode (reference), prompt lookup,
+     and each snapshot's drafter; τ, histogram, per-slot acceptance, losslessness. The report shows both τ.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ import torch
 
 from dflash_trainer import cli
 from dflash_trainer.config import find_mask_token_id
-from dflash_trainer.prep.prepare_data import prepare
+from dflash_trainer.prep.heldout import OTHER_STYLES, load_prompts
+from dflash_trainer.prep.prepare_data import add_regeneration_flags, check_regeneration, prepare
 
 from . import proof_eval, proof_report
 
@@ -109,7 +111,8 @@ def regenerate(args, cfg, train_prompts: str, out: str, devices: list[str], shar
     kw = dict(max_seq_len=cfg.max_seq_len, rows_per_shard=args.regen_rows_per_shard, regenerate=True,
               temperature=args.temperature, max_new_tokens=args.regen_max_new_tokens,
               batch_size=args.regen_batch_size, engine="transformers", seed=cfg.seed,
-              time_budget_s=-1.0 if shared else args.regen_budget_s, progress=False)  # shared: read only
+              time_budget_s=-1.0 if shared else args.regen_budget_s, progress=False,  # shared: read only
+              held_out=(args.other_styles,))  # refused from the training data (the trainer's own set always is)
     data_dir = os.path.join(out, "data")
     if len(devices) == 1:
         return data_dir, prepare(cfg.target_model, [train_prompts], data_dir, device=devices[0], **kw)
@@ -179,11 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", required=True)
     g.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny target, tokenizer and chats")
     g.add_argument("--num-eval", type=int, default=24)
+    g.add_argument("--other-styles", default=OTHER_STYLES,
+                   help="the second held-out set: JSONL prompts unlike the training prompts (default: the trainer's "
+                        "own, prep/other_styles.jsonl); kept out of the regenerated data")
+    g.add_argument("--num-other-styles", type=int, default=None,
+                   help="evaluate only the first N of them (default all)")
     g.add_argument("--eval-max-new-tokens", type=int, default=192)
-    g.add_argument("--regen-max-new-tokens", type=int, default=384)
-    g.add_argument("--regen-batch-size", type=int, default=512)
     g.add_argument("--regen-budget-s", type=float, default=120.0, help="stop starting new shards after this")
-    g.add_argument("--regen-rows-per-shard", type=int, default=512)
     g.add_argument("--data-root", default=None,
                    help="where the prompt split and the regenerated data live (default --out); a second proof "
                         "given the first one's --out reuses its data (prepare-data's fingerprint checks that "
@@ -194,9 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate on this device (e.g. cpu or cuda:1) while training; default: after training, on "
                         "--device")
     g.add_argument("--eval-threads", type=int, default=None, help="torch threads of a CPU evaluation worker")
-    g.add_argument("--temperature", type=float, default=0.7, help="regeneration; 0 = greedy, like the evaluation")
     g.add_argument("--report-dir", default=None, help="also write proof.json/proof.md here (e.g. $OUT)")
     g.add_argument("--deadline-s", type=float, default=None, help="skip remaining evaluations after this")
+    # dflash-prepare-data's regeneration flags (its declaration), as --regen-*; the proof's own defaults, in the
+    # open: the values it had before the declaration was shared (a GPU's batch and shard; its runs pass their own)
+    add_regeneration_flags(g, prefix="regen-")
+    p.set_defaults(regen_max_new_tokens=384, regen_batch_size=512, regen_rows_per_shard=512)
     # dflash-train's own flags (its declaration, its defaults); --seed also seeds the split and the regeneration,
     # --max-seq-len also caps the regenerated rows, --block-size is also the evaluation's block
     cli.add_train_flags(p, skip=DRIVER_SET[:3], required=False)
@@ -209,7 +217,8 @@ def parse_args(argv):
     p = build_parser()
     args = p.parse_args(argv)
     if args.tiny:
-        for k, v in dict(num_eval=min(args.num_eval, 4), eval_max_new_tokens=min(args.eval_max_new_tokens, 24),
+        for k, v in dict(num_eval=min(args.num_eval, 4), num_other_styles=min(args.num_other_styles or 4, 4),
+                         eval_max_new_tokens=min(args.eval_max_new_tokens, 24),
                          regen_max_new_tokens=24, regen_batch_size=32, regen_rows_per_shard=64,
                          # greedy answers of the random tiny target are a deterministic function to learn
                          temperature=0.0).items():
@@ -219,6 +228,17 @@ def parse_args(argv):
     elif not (getattr(args, "target_model", None) and args.prompts):
         p.error("--target-model and --prompts are required without --tiny")
     train_argv = (TINY_TRAIN_ARGV if args.tiny else []) + cli.given_train_argv(args, skip=DRIVER_SET)
+    try:
+        check_regeneration(args, prefix="regen-")
+    except ValueError as e:
+        p.error(str(e))
+    if args.num_other_styles is not None and args.num_other_styles < 1:
+        p.error("--num-other-styles must be at least 1 (leave it out for all)")
+    try:
+        n_other = len(load_prompts(args.other_styles))
+    except ValueError as e:
+        p.error(f"--other-styles: {e}")
+    args.num_other_styles = min(args.num_other_styles or n_other, n_other)
     cfg = train_config(args, train_argv, data_dir="-")
     if cfg.time_budget_min is None:
         p.error("--time-budget-min is required: the proof trains for a wall-clock budget")
@@ -309,11 +329,14 @@ def run(args, train_argv: list[str], cfg) -> int:
     os.makedirs(os.path.join(out, "train"))
     cfg = train_config(args, train_argv, data_dir, mask_id)
     proof_eval.write_settings(out, {"target": cfg.target_model, "eval_prompts": eval_prompts,
-                                    "block_size": cfg.block_size, "max_new_tokens": args.eval_max_new_tokens})
+                                    "other_styles": os.path.abspath(args.other_styles),
+                                    "num_other_styles": args.num_other_styles, "block_size": cfg.block_size,
+                                    "max_new_tokens": args.eval_max_new_tokens})
     command = [sys.executable, "-m", "dflash_trainer.cli", "--target-model", cfg.target_model, "--data-dir", data_dir,
                "--output-dir", cfg.output_dir, "--mask-token-id", str(mask_id), *train_argv]
     results = {"target": cfg.target_model, "block_size": cfg.block_size, "layers": cfg.num_draft_layers,
                "mask_token": f"{mask_id} ({mask_src})", "num_eval_prompts": args.num_eval,
+               "other_styles": os.path.abspath(args.other_styles), "num_other_styles_prompts": args.num_other_styles,
                "eval_max_new_tokens": args.eval_max_new_tokens, "eval_dtype": "float32", "device": str(device),
                "init_drafter": cfg.init_drafter, "eval_device": args.eval_device or str(device), "data": stats,
                "snapshots": [], "stage_s": stage, "args": vars(args), "train_command": command,
@@ -339,7 +362,8 @@ def run(args, train_argv: list[str], cfg) -> int:
     stage["eval_after_training_s"] = round(time.time() - t, 1)
     refresh(out, results)
     for snap in results["snapshots"]:
-        snap.setdefault("eval", None)
+        for name in proof_eval.SETS:
+            snap.setdefault(proof_eval.result_key("eval", name), None)
     stage["total_s"] = round(time.time() - T0, 1)
     proof_report.write_results(out, results)
     log(f"results: {os.path.join(out, 'proof.md')}")

@@ -118,6 +118,26 @@ def test_regenerate_uses_the_targets_own_tokens_and_resumes(chat_target, tmp_pat
         prepare(chat_target, [src], out, **kw)
 
 
+def test_regenerate_answers_the_last_user_turn_of_a_multi_turn_row_in_its_context(chat_target, tmp_path):
+    from transformers import AutoTokenizer
+    turns = [{"role": "user", "content": "count from one to three"}, {"role": "assistant", "content": "one two three"},
+             {"role": "user", "content": "again please"}]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"messages": turns}, {"messages": turns[:2]}])
+    out = str(tmp_path / "regen")
+    stats = prepare(chat_target, [src], out, regenerate=True, temperature=0.0, max_new_tokens=6, batch_size=2,
+                    engine="transformers", device="cpu", max_seq_len=128, progress=False)
+    assert stats["num_rows_written"] == 2
+    tok = AutoTokenizer.from_pretrained(chat_target)
+    whole, first = (tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
+                    for m in (turns, turns[:1]))
+    (ids_a, mask_a), (ids_b, mask_b) = read_rows(out)
+    # the multi-turn row: all three turns are the prompt (unsupervised), the answer to the last one is supervised
+    n = mask_a.index(1)
+    assert ids_a[:n] == tok(whole, add_special_tokens=False)["input_ids"] and all(mask_a[n:])
+    # a row that ends with an assistant turn is answered after its first user turn, as before
+    assert ids_b[:mask_b.index(1)] == tok(first, add_special_tokens=False)["input_ids"]
+
+
 def test_regenerated_greedy_rows_equal_the_targets_greedy_decode(chat_target, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -134,3 +154,65 @@ def test_regenerated_greedy_rows_equal_the_targets_greedy_decode(chat_target, tm
         n_prompt = mask.index(1)
         ref = reference_greedy(model, ids[:n_prompt], 10, eos_ids={tok.eos_token_id})
         assert ids[n_prompt:] == ref.tokens
+
+
+def test_held_out_prompts_are_refused_from_training_data(chat_target, tmp_path, capsys):
+    from dflash_trainer.prep.heldout import OTHER_STYLES, load_prompts
+    other = load_prompts(OTHER_STYLES)
+    long_one = next(p for p in other if len(p.split()) >= 12)
+    reply = {"role": "assistant", "content": "ok"}
+    rows = synthetic_chats(3, seed=4) + [
+        {"messages": [{"role": "user", "content": other[0]}, reply]},                            # one as it is
+        {"messages": [{"role": "system", "content": "be brief"},                                 # 8 of its words,
+                      {"role": "user", "content": "hi . " + " ".join(long_one.split()[3:11]) + " ?"}, reply]},  # inside
+        {"messages": [{"role": "user", "content": "count from one to three"}, reply]},           # not held out
+    ]
+    mine = write_jsonl(tmp_path / "mine.jsonl", [{"prompt": "say red green blue again"}])  # a held-out file of one's own
+    rows.append({"messages": [{"role": "user", "content": "please say red green blue again"}, reply]})
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    assert main(["--target-model", chat_target, "--input", src, "--out-dir", str(out), "--held-out", mine,
+                 "--no-progress"]) == 0
+    stats = json.load(open(out / "stats.json"))
+    assert stats["bad"] == {"held_out": 3} and stats["num_rows_written"] == 4
+    assert "held_out 3" in capsys.readouterr().out
+    # without the file of one's own, only the other-styles set is held out; a missing file is named before
+    # anything is written
+    assert prepare(chat_target, [src], str(tmp_path / "out2"), progress=False)["bad"] == {"held_out": 2}
+    assert main(["--target-model", chat_target, "--input", src, "--out-dir", str(tmp_path / "out3"),
+                 "--held-out", str(tmp_path / "none.jsonl"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "none.jsonl: no such file" in err
+    assert not os.path.exists(tmp_path / "out3")
+
+
+def test_the_regeneration_levers_are_declared_once_and_the_cap_reaches_the_data(chat_target, tmp_path, capsys):
+    from dflash_trainer.prep import prepare_data
+    from trainer_testlib import load_benchmark
+    proof = load_benchmark("proofs.proof_smollm2")
+    mine, theirs = ({a.dest: a for a in p._actions} for p in (prepare_data.build_parser(), proof.build_parser()))
+    d = prepare_data.prepare_defaults()
+    proofs_own = {"regen_max_new_tokens": 384, "regen_batch_size": 512, "regen_rows_per_shard": 512}
+    for name, kind, _ in prepare_data.REGENERATION_FLAGS:
+        dest = name if name == "temperature" else f"regen_{name}"
+        assert mine[name].type is theirs[dest].type is kind and mine[name].help == theirs[dest].help
+        assert mine[name].default == d[name] and theirs[dest].default == proofs_own.get(dest, d[name])
+    # a bad lever is refused in one line naming the flag as each command spells it
+    assert main(["--target-model", chat_target, "--input", "x.jsonl", "--out-dir", str(tmp_path / "o"),
+                 "--max-new-tokens", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "dflash-prepare-data: error: --max-new-tokens must be at least 1"
+    with pytest.raises(SystemExit):
+        proof.main(["--target-model", chat_target, "--prompts", "x.jsonl", "--out", str(tmp_path / "p"),
+                    "--time-budget-min", "1", "--regen-max-new-tokens", "0"])
+    assert capsys.readouterr().err.strip().endswith("error: --regen-max-new-tokens must be at least 1")
+    assert not os.path.exists(tmp_path / "o") and not os.path.exists(tmp_path / "p")
+    # the response cap: no regenerated answer is longer, and the ones cut there are counted
+    src = write_jsonl(tmp_path / "in.jsonl", synthetic_chats(6, seed=5))
+    out = tmp_path / "capped"
+    assert main(["--target-model", chat_target, "--input", src, "--out-dir", str(out), "--regenerate",
+                 "--max-new-tokens", "3", "--temperature", "0", "--device", "cpu", "--engine", "transformers",
+                 "--no-progress"]) == 0
+    rows = read_rows(out)
+    assert rows and all(sum(mask) <= 3 for _, mask in rows)
+    stats = json.load(open(out / "stats.json"))
+    assert stats["num_truncated_generations"] == sum(sum(mask) == 3 for _, mask in rows) > 0

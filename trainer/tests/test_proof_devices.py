@@ -52,11 +52,12 @@ def test_split_regeneration_training_and_eval_worker(tmp_path, capfd):
     lines = []
     proof_eval.run_inline(str(out), driver.torch.device("cpu"), None, lines.append)
     redone = json.load(open(out / "eval" / f"snapshot-{first['step']}.json"))
-    assert redone["eval"]["lossless"] and redone["eval"]["tau"] == first["eval"]["tau"]
+    assert redone["eval"]["split"]["lossless"] and redone["eval"]["split"]["tau"] == first["eval"]["tau"]
+    assert redone["eval"]["other_styles"]["tau"] == first["eval_other_styles"]["tau"]
     assert os.path.getmtime(out / "eval" / "baseline.json") == baseline_mtime
     assert os.path.getmtime(out / "eval" / f"snapshot-{result['snapshots'][1]['step']}.json") == kept_mtime
     evaluated = [line for line in lines if not line.startswith("dflash: prompt ")]  # per-prompt progress aside
-    assert len(evaluated) == 1 and f"({first['step']} steps)" in evaluated[0], lines
+    assert len(evaluated) == 2 and all(f"({first['step']} steps)" in line for line in evaluated), lines  # both sets
     assert any(line.startswith("dflash: prompt ") for line in lines)  # and the re-evaluation reported its prompts
 
 

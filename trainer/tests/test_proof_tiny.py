@@ -1,5 +1,5 @@
 """The proof driver's --tiny path end to end on the CPU: regenerate, dflash-train (a subprocess, with a time
-budget and a snapshot), export, reload, τ."""
+budget and a snapshot), export, reload, τ on both held-out sets (the split and the other-styles set)."""
 
 from __future__ import annotations
 
@@ -30,13 +30,22 @@ def test_proof_tiny_drives_dflash_train_and_reports(tmp_path, capfd, labels):
     assert "the time budget of 0.1 min is spent" in log and f"{'soft' if labels else 'hard'} labels" in log
     # its snapshots at 0.05 min and at the end of the budget, each evaluated from its export
     assert [s["minutes"] for s in result["snapshots"]] == [0.05, 0.1]
-    assert result["baseline"]["lossless"]
+    assert result["baseline"]["lossless"] and result["baseline_other_styles"]["lossless"]
+    assert result["num_other_styles_prompts"] == 4 and result["baseline_other_styles"]["num_prompts"] == 4
     for snap in result["snapshots"]:
         assert snap["step"] >= 1 and snap["eval"]["lossless"] and snap["train_s"] >= snap["minutes"] * 60
         assert 1.0 <= snap["eval"]["tau"] <= result["block_size"]
+        other = snap["eval_other_styles"]  # the same export on the other-styles prompts, through dflash-eval's code
+        assert other["lossless"] and other["num_prompts"] == 4 and 1.0 <= other["tau"] <= result["block_size"]
         assert os.path.isfile(os.path.join(snap["export"], "config.json"))
         assert snap["checkpoint"] == str(out / "train" / "snapshots" / f"{snap['minutes']:g}min")
     assert result["snapshots"][-1]["step"] == read_metrics(out / "train")[-1]["step"]
     assert result["curve"] and result["curve"][-1]["step"] == result["snapshots"][-1]["step"]
     table = open(tmp_path / "report" / "proof.md").read()
     assert "| DFlash | 0.1 |" in table and "prompt lookup" in table and "trained by dflash-train" in table
+    # both τ side by side in the table: the split's, then the other styles'
+    assert "| τ | τ other styles |" in table
+    last = result["snapshots"][-1]
+    assert f"| {last['eval']['tau']:.2f} | {last['eval_other_styles']['tau']:.2f} |" in table
+    # the other-styles set was kept out of the training data (the check ran: nothing of it in the tiny chats)
+    assert result["data"]["bad"].get("held_out", 0) == 0 and result["other_styles"].endswith("other_styles.jsonl")

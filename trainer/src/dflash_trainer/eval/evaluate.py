@@ -5,7 +5,8 @@
 
 --drafter is an export dir (config.json with dflash_config), a checkpoints/step-N dir, or a training
 --output-dir (its latest checkpoint). --prompts is JSONL ({"messages": [...]} rendered with the target's
-chat template and a generation prompt; {"prompt"|"text": "..."} wrapped as one user turn when the
+chat template and a generation prompt: the messages before the first assistant turn, or all of a conversation that
+ends with a user turn; {"prompt"|"text": "..."} wrapped as one user turn when the
 tokenizer has a chat template, else tokenized raw; {"input_ids": [...]} used as is) or plain text, one
 prompt a line.
 
@@ -29,6 +30,7 @@ import torch
 
 from dflash_trainer.eval.prompt_progress import PromptProgress, each
 from dflash_trainer.eval.decode_attention import use_plan_free_attention
+from dflash_trainer.prep.chat_tokens import prompt_messages
 from dflash_trainer.eval.spec_decode import (DFlashProposer, PromptLookupProposer, reference_greedy,
                                         speculative_decode, summarize)
 
@@ -99,9 +101,8 @@ def load_prompts(path: str, tokenizer, limit: int | None = None) -> list[list[in
                     raise ValueError(f"{path}:{n}: text prompts need a tokenizer in --target-model; "
                                      "give {\"input_ids\": [...]} rows instead")
                 if isinstance(obj, dict) and "messages" in obj:
-                    msgs = obj["messages"]
-                    first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))
-                    text = tokenizer.apply_chat_template(msgs[:first], tokenize=False, add_generation_prompt=True)
+                    text = tokenizer.apply_chat_template(prompt_messages(obj["messages"]), tokenize=False,
+                                                         add_generation_prompt=True)
                 else:
                     raw = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else obj
                     if not isinstance(raw, str):

@@ -39,10 +39,19 @@ def tokenize_chat(tokenizer, messages: list[dict], max_seq_len: int) -> tuple[li
     return ids, mask
 
 
-def prompt_ids(tokenizer, messages: list[dict], max_seq_len: int) -> list[int]:
-    """The tokens the target answers under --regenerate: the messages before the first assistant turn."""
+def prompt_messages(messages: list[dict]) -> list[dict]:
+    """The messages a target answers (under --regenerate, in dflash-eval, as a held-out prompt): those before the
+    first assistant turn; a conversation that ends with a user turn is all prompt (multi-turn: the target answers
+    its last turn, the earlier turns are context)."""
+    if messages and messages[-1]["role"] == "user":
+        return messages
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
-    prompt = messages[:first]
+    return messages[:first]
+
+
+def prompt_ids(tokenizer, messages: list[dict], max_seq_len: int) -> list[int]:
+    """The tokens the target answers under --regenerate (prompt_messages)."""
+    prompt = prompt_messages(messages)
     if not prompt or prompt[-1]["role"] != "user":
         raise BadRow("no_user_turn")
     ids = tokenizer(render(tokenizer, prompt, True), add_special_tokens=False)["input_ids"]

@@ -17,9 +17,14 @@ assistant turn's text as the template renders it (content and end-of-turn marker
 the conversation up to that turn with and without the generation prompt. Plain text: every token (no template).
 
 --regenerate (docs/dflash.md "Data": the drafter must imitate the target): each row's prompt (the messages
-before the first assistant turn; for plain text its first half) is answered by the target itself (vLLM when
-importable and --engine allows, else transformers generate, batched, left padding). The row is then the prompt
+before the first assistant turn, or all of a conversation that ends with a user turn; for plain text its first
+half) is answered by the target itself (vLLM when importable and --engine allows, else transformers generate,
+batched, left padding). The row is then the prompt
 ids plus the generated ids exactly as generated (not re-tokenized text), loss_mask 1 on the generated ids.
+
+Held-out prompts are never trained on: a row whose text shares a run of 8 words with a held-out prompt, or
+contains a shorter one whole, is refused (reason held_out; heldout.py). The held-out prompts are the trainer's
+other-styles set (prep/other_styles.jsonl, on which the proof measures τ) plus any --held-out file.
 
 Resumable: input rows are processed in chunks of --rows-per-shard; each chunk becomes one shard,
 written atomically, then progress.json records the next input row. A rerun with the same flags skips
@@ -43,7 +48,8 @@ from dflash_trainer.telemetry.heartbeat import write_json_atomic
 from .chat_tokens import example_prompt, example_tokens
 from .formats import FORMATS, BadRow, detect_format, to_example
 from .generate import Generator
-from .sources import DEFAULT_SPLIT, fingerprint_of, load_rows
+from .heldout import OTHER_STYLES, HeldOut
+from .sources import DEFAULT_SPLIT, file_sha256, fingerprint_of, load_rows
 
 PROG = "dflash-prepare-data"
 
@@ -81,12 +87,16 @@ class _Progress:
             self.bar.close()
 
 
-def _settings(target_model: str, inputs: list[str], fmt: str, split: str, shuffle: bool, **kw) -> dict:
+def _settings(target_model: str, inputs: list[str], fmt: str, split: str, shuffle: bool, held_out: tuple[str, ...],
+              **kw) -> dict:
     """What a resume must match. Keys beyond the first version's appear only when not at their defaults, so
     preparations of chat JSONL made before stay resumable."""
     settings = {"target_model": os.path.abspath(target_model), **fingerprint_of(inputs), **kw}
     extra = {"format": fmt if fmt != "messages" else None, "split": split if split != DEFAULT_SPLIT else None,
-             "shuffle": shuffle or None}
+             "shuffle": shuffle or None,
+             # the --held-out files (the other-styles set is not recorded: data prepared before it was shipped
+             # stays resumable, and the proof's sources are checked disjoint from it by its test)
+             "held_out": [[os.path.abspath(p), file_sha256(p)] for p in held_out] or None}
     return settings | {k: v for k, v in extra.items() if v is not None}
 
 
@@ -107,11 +117,15 @@ def _open_state(out_dir: str, settings: dict) -> dict:
     return state
 
 
-def _examples(fmt: str, chunk: list, bad: Counter) -> list:
+def _examples(fmt: str, chunk: list, bad: Counter, held_out: HeldOut) -> list:
     out = []
     for row in chunk:
         try:
-            out.append(to_example(fmt, row))
+            example = to_example(fmt, row)
+            text = example if isinstance(example, str) else "\n".join(m["content"] for m in example)
+            if held_out.overlap(text) is not None:
+                raise BadRow("held_out")
+            out.append(example)
         except BadRow as e:
             bad[str(e)] += 1
     return out
@@ -178,27 +192,32 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
             rows_per_shard: int = 1000, regenerate: bool = False, temperature: float = 0.7,
             max_new_tokens: int = 512, batch_size: int = 64, engine: str = "auto", device: str = "auto",
             seed: int = 0, num_rows: int | None = None, time_budget_s: float | None = None,
-            progress: bool = True, fmt: str = "auto", split: str = DEFAULT_SPLIT, shuffle: bool = False) -> dict:
-    """Runs (or resumes) a preparation; returns the stats dict also written to stats.json."""
+            progress: bool = True, fmt: str = "auto", split: str = DEFAULT_SPLIT, shuffle: bool = False,
+            held_out: tuple[str, ...] = ()) -> dict:
+    """Runs (or resumes) a preparation; returns the stats dict also written to stats.json. `held_out`: prompt
+    files whose prompts no row may overlap, beside the other-styles set (always held out)."""
+    held_out = tuple(p for p in held_out if os.path.abspath(p) != OTHER_STYLES)  # held out anyway, not recorded
+    guard = HeldOut.from_files([OTHER_STYLES, *held_out])  # a bad --held-out file fails before anything is written
     # datasets' arrow copy of the input lives in the out dir for this run only (not in the user's cache)
     cache = os.path.join(out_dir, ".datasets-cache")
     shutil.rmtree(cache, ignore_errors=True)
     try:
         source = load_rows(inputs, split=split, num_rows=num_rows, shuffle=shuffle, seed=seed, cache_dir=cache)
-        return _run(source, target_model, inputs, out_dir, fmt, split, shuffle, max_seq_len=max_seq_len,
-                    rows_per_shard=rows_per_shard, regenerate=regenerate, temperature=temperature,
+        return _run(source, target_model, inputs, out_dir, fmt, split, shuffle, guard, held_out,
+                    max_seq_len=max_seq_len, rows_per_shard=rows_per_shard, regenerate=regenerate, temperature=temperature,
                     max_new_tokens=max_new_tokens, batch_size=batch_size, engine=engine, device=device, seed=seed,
                     time_budget_s=time_budget_s, progress=progress)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def _run(source, target_model: str, inputs: list[str], out_dir: str, fmt: str, split: str, shuffle: bool, *,
+def _run(source, target_model: str, inputs: list[str], out_dir: str, fmt: str, split: str, shuffle: bool,
+         guard: HeldOut, held_out: tuple[str, ...], *,
          max_seq_len: int, rows_per_shard: int, regenerate: bool, temperature: float, max_new_tokens: int,
          batch_size: int, engine: str, device: str, seed: int, time_budget_s: float | None, progress: bool) -> dict:
     fmt = detect_format(source.columns) if fmt == "auto" else fmt
     tokenizer = _tokenizer(target_model, fmt)
-    settings = _settings(target_model, inputs, fmt, split, shuffle, max_seq_len=max_seq_len,
+    settings = _settings(target_model, inputs, fmt, split, shuffle, held_out, max_seq_len=max_seq_len,
                          rows_per_shard=rows_per_shard, regenerate=regenerate, temperature=temperature,
                          max_new_tokens=max_new_tokens, seed=seed)
     state = _open_state(out_dir, settings)
@@ -219,7 +238,7 @@ def _run(source, target_model: str, inputs: list[str], out_dir: str, fmt: str, s
             break
         start = state["next_row"]
         chunk = source.rows(start, min(start + rows_per_shard, total))
-        examples = _examples(fmt, chunk, bad)
+        examples = _examples(fmt, chunk, bad, guard)
         rows = (_regenerated(tokenizer, gen, examples, max_seq_len, max_new_tokens, seed * 1_000_003 + start, bad,
                              state) if regenerate else _tokenized(tokenizer, examples, max_seq_len, bad))
         if rows:
@@ -239,8 +258,48 @@ def _run(source, target_model: str, inputs: list[str], out_dir: str, fmt: str, s
     return _write_stats(out_dir, state, total, bad)
 
 
-def main(argv: list[str] | None = None) -> int:
-    d = {k: v.default for k, v in inspect.signature(prepare).parameters.items()}  # each default declared once
+def prepare_defaults() -> dict:
+    """prepare()'s keyword defaults: each default declared once, in its signature."""
+    return {k: v.default for k, v in inspect.signature(prepare).parameters.items()}
+
+
+# The regeneration levers as flags, declared once: (prepare()'s parameter, type, help). dflash-prepare-data takes
+# them under these names; the proof driver with --regen- in front (--temperature as it is).
+REGENERATION_FLAGS = (
+    ("temperature", float, "sampling temperature of the regeneration (0 = greedy)"),
+    ("max_new_tokens", int, "the response cap: a regenerated answer stops after this many tokens (kept, counted as "
+                            "num_truncated_generations)"),
+    ("batch_size", int, "prompts per generate call (transformers)"),
+    ("rows_per_shard", int, "input rows per shard (and per resume unit)"),
+)
+
+
+def _regeneration_flag(name: str, prefix: str) -> str:
+    return "--" + ("" if name == "temperature" else prefix) + name.replace("_", "-")
+
+
+def add_regeneration_flags(p, prefix: str = "") -> None:
+    """REGENERATION_FLAGS on parser `p`, with prepare()'s defaults; `prefix` goes before every name but
+    --temperature's (dest: the name with it, e.g. regen_max_new_tokens). A tool with other defaults says so with
+    p.set_defaults, in the open."""
+    d = prepare_defaults()
+    for name, kind, text in REGENERATION_FLAGS:
+        p.add_argument(_regeneration_flag(name, prefix), type=kind, default=d[name],
+                       help=f"{text} (default %(default)s)")
+
+
+def check_regeneration(args, prefix: str = "") -> None:
+    """The regeneration flags' bounds (temperature >= 0, the others >= 1): a one-line ValueError naming the flag
+    as `args` (parsed by add_regeneration_flags with this prefix) spells it."""
+    for name, _, _ in REGENERATION_FLAGS:
+        flag = _regeneration_flag(name, prefix)
+        low = 0 if name == "temperature" else 1
+        if getattr(args, flag[2:].replace("-", "_")) < low:
+            raise ValueError(f"{flag} must be at least {low}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = prepare_defaults()
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target-model", required=True,
                    help="target dir (tokenizer + chat template; weights if --regenerate)")
@@ -254,30 +313,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", required=True, help="parquet shards, progress.json and stats.json go here")
     p.add_argument("--max-seq-len", type=int, default=d["max_seq_len"],
                    help="longer rows are refused (reason too_long)")
-    p.add_argument("--rows-per-shard", type=int, default=d["rows_per_shard"],
-                   help="input rows per shard (and per resume unit)")
     p.add_argument("--regenerate", action="store_true", help="answer each prompt with the target itself")
-    p.add_argument("--temperature", type=float, default=d["temperature"], help="sampling temperature (0 = greedy)")
-    p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"])
-    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="prompts per generate call (transformers)")
+    add_regeneration_flags(p)
     p.add_argument("--engine", default=d["engine"], choices=["auto", "vllm", "transformers"])
     p.add_argument("--device", default=d["device"], choices=["auto", "cpu", "cuda"])
     p.add_argument("--seed", type=int, default=d["seed"], help="sampling seed, and the shuffle's")
+    p.add_argument("--held-out", action="append", default=list(d["held_out"]), metavar="FILE",
+                   help="a JSONL of held-out prompts (repeatable): rows that overlap one are refused (reason held_out); "
+                        f"the other-styles set ({os.path.basename(OTHER_STYLES)}) always is")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        if args.max_seq_len < 2 or args.rows_per_shard < 1 or args.batch_size < 1 or args.max_new_tokens < 1:
-            raise ValueError("--max-seq-len >= 2, --rows-per-shard, --batch-size and --max-new-tokens >= 1")
+        if args.max_seq_len < 2:
+            raise ValueError("--max-seq-len must be at least 2")
+        check_regeneration(args)
         if args.num_rows is not None and args.num_rows < 1:
             raise ValueError("--num-rows must be at least 1")
-        if args.temperature < 0:
-            raise ValueError("--temperature must be >= 0")
         stats = prepare(args.target_model, args.input, args.out_dir, max_seq_len=args.max_seq_len,
                         rows_per_shard=args.rows_per_shard, regenerate=args.regenerate,
                         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, engine=args.engine, device=args.device, seed=args.seed,
                         num_rows=args.num_rows, progress=not args.no_progress, fmt=args.format, split=args.split,
-                        shuffle=args.shuffle)
+                        shuffle=args.shuffle, held_out=tuple(args.held_out))
     except (ValueError, OSError) as e:
         print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

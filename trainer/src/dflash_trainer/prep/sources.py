@@ -20,7 +20,7 @@ BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": 
 DEFAULT_SPLIT = "train"  # what datasets names the split of files that name none
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -47,7 +47,7 @@ def data_files(inputs: list[str]) -> list[str]:
 def fingerprint_of(inputs: list[str]) -> dict:
     """The inputs as prepare's fingerprint records them: edited files must not resume old shards."""
     files = data_files(inputs)
-    return {"inputs": [os.path.abspath(p) for p in files], "input_sha256": [_sha256(p) for p in files]}
+    return {"inputs": [os.path.abspath(p) for p in files], "input_sha256": [file_sha256(p) for p in files]}
 
 
 def _json_lines(files: list[str]) -> list:
