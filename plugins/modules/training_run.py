@@ -216,8 +216,9 @@ options:
     description:
       - One step of restarting a job over O(nodes) on this node, under its lifecycle lock - V(reserve) (take the node
         for this restart - a reservation other operations on the node are refused by until it is released or older
-        than O(lock_timeout), and another restart's V(reserve) waits for, at most O(lock_timeout) - report whether its part runs with this configuration, else run the trainer's check
-        before anything is stopped), V(stop) (stop the old ranks and the runs sharing its GPUs, then await the GPUs'
+        than O(lock_timeout), and another restart's V(reserve) waits for, at most O(lock_timeout) - report whether
+        its part runs with this configuration, else run the trainer's check before anything is stopped), V(stop)
+        (stop the old ranks and the runs sharing its GPUs, then await the GPUs'
         release), V(launch) (start the agent; it waits in the rendezvous), V(verify) (the agent and all of this node's
         ranks alive, node 0's heartbeat written; then release), V(release) (give the reservation back).
       - Required with O(nodes) for V(started) and V(restarted).

@@ -124,11 +124,14 @@ def save_checkpoint(output_dir: str, step: int, model_state: dict[str, torch.Ten
         clean_leftovers(root, say)  # an incomplete step-N is never pruned by count: it goes here
         return final
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (inline_container)
-        _remove_partial(root, step)
+        # free space as the write found it: after the partial files go, the disk can hold more than the tensors'
+        # bytes (which undercount the archive), and torch's short-write text ("unexpected pos") names no ENOSPC
         free = shutil.disk_usage(root if os.path.isdir(root) else output_dir).free
+        _remove_partial(root, step)
         needed = tensor_bytes(model_state) + tensor_bytes(train_state)
         reason = " ".join(str(e).split())[:200]
-        if getattr(e, "errno", None) == errno.ENOSPC or free < needed:  # torch's own text does not say so
+        short_write = "unexpected pos" in reason or "file write failed" in reason  # torch's zip writer, disk full
+        if getattr(e, "errno", None) == errno.ENOSPC or short_write or free < needed:  # torch's text never says so
             reason = f"no space left on device ({reason})"
         kept = f"`latest` stays {previous}" if previous else "no earlier checkpoint exists"
         raise CheckpointWriteError(
