@@ -6,29 +6,19 @@ tests/containers/test_nodes_job.py; this one checks the module's side in seconds
 import json
 import os
 import signal
-import socket
 import sys
 
 import pytest
 
-from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle, run_status
+from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import run_lifecycle, run_status
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
+from harness.run_processes import job_processes
+from harness.sshd import free_port
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 NODES = [{"address": "127.0.0.1", "nproc_per_node": 2}, {"address": "127.0.0.2", "nproc_per_node": 1}]
 STEPS = ("reserve", "stop", "launch", "verify")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def job_processes(run_dirs):
-    return {pid for pid in procfs.all_pids()
-            if (procfs.environ(pid) or {}).get("DFLASH_RUN_DIR") in run_dirs and procfs.is_alive(pid)}
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import procfs, run_lifecycle, run_status
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
 from dflash_trainer.telemetry.writers import read_jsonl
+from harness import run_processes
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -22,11 +23,7 @@ NPROC = 3
 
 def job_processes(run_dir):
     """Every live process of this run's launches: the agent, its ranks and anything they started."""
-    found = set()
-    for pid in procfs.all_pids():
-        if (procfs.environ(pid) or {}).get("DFLASH_RUN_DIR") == run_dir and procfs.is_alive(pid):
-            found.add(pid)
-    return found
+    return run_processes.job_processes({run_dir})
 
 
 def kill_job(root):
