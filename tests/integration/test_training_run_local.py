@@ -190,10 +190,10 @@ def test_runs_sharing_a_gpu_are_stopped_first(ansible, runs_root, tmp_path):
 def test_stray_gpu_holder_times_out_naming_its_pid(ansible, runs_root, tmp_path):
     dev = tmp_path / "gpu3"
     dev.write_text("")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys,time; f=open(sys.argv[1]); time.sleep(60)",
-                               str(dev)])
+    holder = subprocess.Popen([sys.executable, "-c", "import sys,time; f=open(sys.argv[1]); print('ready', flush=True);"
+                               " time.sleep(60)", str(dev)], stdout=subprocess.PIPE)
     try:
-        time.sleep(0.5)
+        assert holder.stdout.readline().strip() == b"ready"  # it holds the device before the module looks
         ok, res = ansible.module("dflash.ops.training_run", args(
             runs_root, gpus=[3], gpu_device_pattern=str(tmp_path / "gpu{index}"), gpu_release_timeout=1))
         assert not ok
@@ -204,6 +204,7 @@ def test_stray_gpu_holder_times_out_naming_its_pid(ansible, runs_root, tmp_path)
     finally:
         holder.kill()
         holder.wait()
+        holder.stdout.close()
 
 
 def test_status_reports_alive_then_dead(ansible, runs_root):

@@ -660,7 +660,8 @@ def test_a_full_disk_after_the_stop_says_the_run_was_stopped_and_where_its_check
     first = run_lifecycle.change(make_req(runs, gpus=[0], trainer_args={"interval": 0.05, "ckpt_every": 100000}))
     before = (runs / "r1" / "launch.json").read_text()
     # A stray holder of the GPU keeps the lifecycle waiting after the stop; meanwhile the disk fills up.
-    holder = subprocess.Popen([sys.executable, "-c", "import sys,time; f=open(sys.argv[1]); time.sleep(60)", str(dev)])
+    holder = subprocess.Popen([sys.executable, "-c", "import sys,time; f=open(sys.argv[1]); print('ready', flush=True);"
+                               " time.sleep(60)", str(dev)], stdout=subprocess.PIPE)
 
     def fill_then_release():
         wait_dead(first["pid"], timeout=20)
@@ -674,7 +675,7 @@ def test_a_full_disk_after_the_stop_says_the_run_was_stopped_and_where_its_check
 
     filler = threading.Thread(target=fill_then_release)
     try:
-        time.sleep(0.3)
+        assert holder.stdout.readline().strip() == b"ready"  # it holds the device before the restart looks
         filler.start()
         with pytest.raises(run_lifecycle.LifecycleError) as exc:
             run_lifecycle.change(make_req(runs, gpus=[0], force=True, gpu_release_timeout=20,
@@ -683,6 +684,7 @@ def test_a_full_disk_after_the_stop_says_the_run_was_stopped_and_where_its_check
         filler.join()
         holder.kill()
         holder.wait()
+        holder.stdout.close()
     msg = str(exc.value)
     ckpt = runs / "r1" / "checkpoints" / (runs / "r1" / "checkpoints" / "latest").read_text().strip()
     assert msg.startswith("could not write %s: No space left on device; " % (runs / "r1" / "launch.json")), msg

@@ -319,11 +319,13 @@ def test_small_tmpfs_is_refused_with_the_numbers(tmp_path, model):
 def test_live_run_using_the_weights_is_refused_unless_forced(tmp_path, model):
     first = stage(tmp_path)
     dest = str(tmp_path / "shm" / "M")
-    argv = [sys.executable, "-c", "import time; time.sleep(60)", "--target-model=" + dest]
+    argv = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)", "--target-model=" + dest]
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
-    proc = subprocess.Popen(argv)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
     try:
+        # Until the child has exec'd, /proc/PID/cmdline is pytest's and the run does not look live (flaky in CI).
+        assert proc.stdout.readline().strip() == b"ready"
         (run_dir / "launch.json").write_text(json.dumps({"argv": argv}))
         (run_dir / "pid").write_text(str(proc.pid))
         write(model / "model-00002-of-00002.safetensors", 2 * MB, seed=3)
@@ -336,6 +338,7 @@ def test_live_run_using_the_weights_is_refused_unless_forced(tmp_path, model):
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
 
 
 def test_main_prints_one_json_line_with_the_refusal(tmp_path, capsys):
