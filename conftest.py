@@ -3,12 +3,14 @@
 (Not pytest-xdist: with pytest 9.2, xdist 3.8's loadgroup no longer keeps a group on one worker, since it renames
 item._nodeid, which pytest 9 no longer reads; the real-container tests, which hold a machine-wide lock for a whole
 session, then waited on each other past their timeout. scripts/test runs them in a second pytest instead.)"""
+import os
 from pathlib import Path
 
 import pytest
 
 CONTAINERS = "containers"  # the real-container suite (its marker and folder): never quick
-QUICK_SUITES = ("tests/unit/", "trainer/tests/")  # `scripts/test --quick` = these, less the tests marked slow
+UNIT_SUITE = "tests/unit/"
+QUICK_SUITES = (UNIT_SUITE, "trainer/tests/")  # `scripts/test --quick` = these, less the tests marked slow
 # Files of those suites that train, run torchrun jobs, or build and install packages: each takes from seconds to
 # minutes, so all of them are slow (left out of the quick set). New such files mark themselves (pytestmark).
 SLOW_FILES = frozenset("trainer/tests/%s.py" % name for name in (
@@ -34,3 +36,33 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if path.startswith(QUICK_SUITES) and not in_containers and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.quick)
+    if os.environ.get("DFLASH_UNITS_IN_GATES") == "1":
+        # scripts/test with the gates: their units step (ansible-test units) runs tests/unit on the collection as it
+        # ships; here only what it skips for want of the checkout (marked checkout), so each test runs once.
+        gated = [i for i in items if i.nodeid.startswith(UNIT_SUITE) and not i.get_closest_marker("checkout")]
+        if gated:
+            config.hook.pytest_deselected(items=gated)
+            items[:] = [i for i in items if not (i.nodeid.startswith(UNIT_SUITE) and not i.get_closest_marker("checkout"))]
+
+
+
+def _cpu_seconds():
+    import resource
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.cpu_start = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's CPU seconds (setup, call and teardown: pytest's own and that of the processes it waited for, such as
+    ansible-playbook or a torchrun job; not detached trainers) as the JUnit property cpu_s, set before the teardown's
+    report copies the properties: the machine is CPU-bound during the test command, so this, not the wall time, says
+    what a test costs (scripts/test_times.py)."""
+    if call.when == "teardown" and hasattr(item, "cpu_start"):
+        item.user_properties.append(("cpu_s", round(_cpu_seconds() - item.cpu_start, 2)))
+    yield

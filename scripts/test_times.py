@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where the test command's time goes, from the JUnit XML files pytest wrote (scripts/test writes them to
-.artifacts/test-times/): wall time per pytest run, seconds per test file and the slowest tests, as Markdown tables
-for the README's tests section.
+.artifacts/test-times/): wall time per pytest run, seconds per test file and the slowest tests (with their CPU seconds,
+the property cpu_s the rootdir's conftest.py records: pytest's own and that of the processes it waited for), as
+Markdown tables for the README's tests section.
 
     python3 scripts/test_times.py [--top 15] [XML ...]     (default: .artifacts/test-times/*.xml)
 """
@@ -24,8 +25,15 @@ def test_file(case: ET.Element) -> str:
     return "/".join(parts) + ".py"
 
 
+def cpu_seconds(case: ET.Element) -> float | None:
+    for prop in case.iter("property"):
+        if prop.get("name") == "cpu_s":
+            return float(prop.get("value"))
+    return None
+
+
 def read(paths: list[Path]):
-    runs, per_file, cases = [], defaultdict(float), []
+    runs, per_file, per_file_cpu, cases = [], defaultdict(float), defaultdict(float), []
     for path in paths:
         root = ET.parse(path).getroot()
         for suite in root.iter("testsuite"):
@@ -33,9 +41,15 @@ def read(paths: list[Path]):
             for case in suite.iter("testcase"):
                 seconds = float(case.get("time", 0))
                 name = f"{test_file(case)}::{case.get('name')}"
+                cpu = cpu_seconds(case)
                 per_file[test_file(case)] += seconds
-                cases.append((seconds, name))
-    return runs, per_file, sorted(cases, reverse=True)
+                per_file_cpu[test_file(case)] += cpu or 0.0
+                cases.append((seconds, name, cpu))
+    return runs, per_file, per_file_cpu, sorted(cases, reverse=True)
+
+
+def cpu_cell(cpu: float | None) -> str:
+    return "" if cpu is None else f"{cpu:.0f}"
 
 
 def main(argv: list[str]) -> int:
@@ -47,16 +61,21 @@ def main(argv: list[str]) -> int:
     if not paths:
         print(f"test_times: no JUnit XML in {DEFAULT_DIR}; run scripts/test first", file=sys.stderr)
         return 2
-    runs, per_file, cases = read(paths)
+    runs, per_file, per_file_cpu, cases = read(paths)
     print("| pytest run | tests | wall s |\n|---|---:|---:|")
     for name, seconds, count in runs:
         print(f"| {name} | {count} | {seconds:.0f} |")
-    print("\n| test file | s (sum of its tests) |\n|---|---:|")
+    print("\n| test file | s (sum of its tests) | CPU s |\n|---|---:|---:|")
     for name, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[: args.top]:
-        print(f"| `{name}` | {seconds:.0f} |")
-    print("\n| slowest tests | s |\n|---|---:|")
-    for seconds, name in cases[: args.top]:
-        print(f"| `{name}` | {seconds:.1f} |")
+        print(f"| `{name}` | {seconds:.0f} | {cpu_cell(per_file_cpu[name] or None)} |")
+    print("\n| slowest tests | s | CPU s |\n|---|---:|---:|")
+    for seconds, name, cpu in cases[: args.top]:
+        print(f"| `{name}` | {seconds:.1f} | {cpu_cell(cpu)} |")
+    by_cpu = sorted((c for c in cases if c[2] is not None), key=lambda c: -c[2])
+    if by_cpu:
+        print("\n| tests that used the most CPU | CPU s | s |\n|---|---:|---:|")
+        for seconds, name, cpu in by_cpu[: args.top]:
+            print(f"| `{name}` | {cpu:.0f} | {seconds:.1f} |")
     return 0
 
 

@@ -20,6 +20,7 @@ OUTSIDE = re.compile(r"(?<![\w/.-])(?:%s)\.md\b|(?:\.\./|/work/)shared\b" % "|".
 LINK = re.compile(r"\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
+pytestmark = pytest.mark.checkout  # ansible-test units skips it (tests/unit/conftest.py)
 
 
 def tracked_files():

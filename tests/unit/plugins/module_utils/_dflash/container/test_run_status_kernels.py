@@ -8,6 +8,7 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.container impor
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
 
 heartbeat = pytest.importorskip("dflash_trainer.telemetry.heartbeat")
+pytestmark = pytest.mark.checkout  # ansible-test units skips it (tests/unit/conftest.py)
 
 
 def status_of(run_dir, **fields):

@@ -17,6 +17,7 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller impo
 
 heartbeat = pytest.importorskip("dflash_trainer.telemetry.heartbeat")
 telemetry = pytest.importorskip("dflash_trainer.telemetry.writers")
+pytestmark = pytest.mark.checkout  # ansible-test units skips it (tests/unit/conftest.py)
 
 
 def standin_pynvml(readings):

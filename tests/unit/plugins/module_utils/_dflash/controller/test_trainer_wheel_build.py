@@ -14,6 +14,7 @@ from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller impo
 # units venv (scripts/gates units) has none, the checkout's .venv (scripts/test) has.
 needs_setuptools = pytest.mark.skipif(importlib.util.find_spec("setuptools") is None,
                                       reason="setuptools is not installed in this Python")
+pytestmark = pytest.mark.checkout  # ansible-test units skips it (tests/unit/conftest.py)
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 6))
 TRAINER = os.path.join(REPO, "trainer")
 
