@@ -125,9 +125,12 @@ class Container:
 def _prepare_clone(gold: str, vmid: int, start: bool = True) -> Container:
     c = Container(vmid)
     c.clone_s = lxc.clone(gold, c.name)
-    # the host's wheel cache, read-only, so the per-clone trainer install resolves deps offline
+    # the host's wheel cache, read-only, so the per-clone trainer install resolves deps offline; and renaming a
+    # directory of the golden's (trainer_install adopting /opt/dflash/venv) is one step, as on a Proxmox rootfs (ZFS,
+    # ext4), not overlayfs' EXDEV and a copy of the whole tree (40-55 s for the venv, and its teardown after)
     with open(lxc.LXC_PATH / c.name / "config", "a") as fh:
-        fh.write(f"\n# dflash harness\nlxc.mount.entry = {WHEEL_DIR} {CT_WHEELS.lstrip('/')} none bind,ro,create=dir 0 0\n")
+        fh.write(f"\n# dflash harness\nlxc.mount.entry = {WHEEL_DIR} {CT_WHEELS.lstrip('/')} none bind,ro,create=dir 0 0\n"
+                 "lxc.rootfs.options = redirect_dir=on\n")
     if start:
         t0 = time.monotonic()
         lxc.start(c.name)

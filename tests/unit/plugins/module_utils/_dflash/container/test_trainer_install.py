@@ -210,3 +210,31 @@ def test_the_install_keeps_its_phase_in_the_file_the_role_follows(tmp_path):
     with open(progress) as f:
         assert json.load(f)["phase"] == "switching %s" % box.link  # the last phase it went through
     assert box.venvs() == [".install-progress.json", installed["key"]]  # a dot file: never taken for a venv
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts an overlayfs (root)")
+def test_adopting_a_venv_of_an_overlay_lower_layer_copies_it_when_rename_is_refused(tmp_path):
+    """overlayfs without redirect_dir refuses to rename a directory of its lower layer (EXDEV): adopt() copies it,
+    links kept as links, then removes the original. (The harness's container clones mount with redirect_dir=on, as
+    fast as a real rootfs, so this path is tested here.)"""
+    lower, upper, work, merged = (tmp_path / n for n in ("lower", "upper", "work", "merged"))
+    venv = lower / "opt" / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python3").write_text("#!/bin/sh\n")
+    os.symlink("python3", str(venv / "bin" / "python"))
+    for d in (upper, work, merged):
+        d.mkdir()
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", "lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=off"
+                    % (lower, upper, work), str(merged)], check=True)
+    try:
+        link, venvs_root = merged / "opt" / "venv", merged / "opt" / "venvs"
+        venvs_root.mkdir()
+        with pytest.raises(OSError) as refused:  # what adopt() meets first
+            os.rename(str(link), str(venvs_root / "probe"))
+        assert refused.value.errno == 18  # EXDEV
+        dest = trainer_venvs.adopt(str(link), str(venvs_root), 0)
+        assert os.path.basename(dest) == "adopted-19700101-000000" and not os.path.lexists(str(link))
+        assert os.readlink(os.path.join(dest, "bin", "python")) == "python3"
+        assert sorted(os.listdir(str(venvs_root))) == ["adopted-19700101-000000"]  # no .tmp left
+    finally:
+        subprocess.run(["umount", str(merged)], check=True)
