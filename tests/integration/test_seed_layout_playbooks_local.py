@@ -5,7 +5,7 @@ the step it saved on SIGTERM and, step for step, trains on the batches of an uni
 metrics' data checksum) with its losses: no batch repeated or skipped.
 
 Both runs keep --max-steps=STEPS (the learning-rate schedule depends on it) but neither trains all of it: the
-restarted job is stopped a few steps past the one it resumed at, and the reference (run beside the job) once it has
+restarted job is stopped a few steps past the one it resumed at, and the reference (run after the job) once it has
 logged those steps."""
 import json
 import os
@@ -40,30 +40,25 @@ def tiny(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def reference(tiny):
-    """The uninterrupted reference: one process, 3 micro-batches per step (= 3 drafter ranks x 1), started now and
-    stopped by the test once it has the steps to compare (or at the end of the module)."""
+def reference_steps(tiny, last_step):
+    """The uninterrupted reference: one process, 3 micro-batches per step (= 3 drafter ranks x 1), started once the
+    job is done (beside it, it trained all along on the same two cores: over a hundred steps nobody read) and
+    stopped once it has logged last_step steps."""
     ref = tiny / "ref"
     argv = [sys.executable, "-m", "dflash_trainer.cli", "--target-model", str(tiny / "target"), "--data-dir",
             str(tiny / "data"), "--output-dir", str(ref), "--target-gpus", "", "--drafter-gpus", "",
             "--grad-accum", "3"] + ["--%s=%s" % (k.replace("_", "-"), v) for k, v in TRAIN.items()]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
-    yield ref, proc
-    proc.kill()
-    proc.communicate()
-
-
-def reference_steps(reference, last_step):
-    """The reference's metrics up to last_step, then the reference stopped."""
-    ref, proc = reference
-    wait_for(lambda: len(metrics(str(ref))) >= last_step or proc.poll() is not None, 240,
-             "the reference run did not reach step %d within 240 s" % last_step)
-    rows = metrics(str(ref))
-    assert len(rows) >= last_step, "the reference run ended (exit %s) at step %d: %s" % (
-        proc.poll(), len(rows), proc.communicate()[1][-2000:])
-    proc.kill()
+    try:
+        wait_for(lambda: len(metrics(str(ref))) >= last_step or proc.poll() is not None, 240,
+                 "the reference run did not reach step %d within 240 s" % last_step)
+        rows = metrics(str(ref))
+        assert len(rows) >= last_step, "the reference run ended (exit %s) at step %d: %s" % (
+            proc.poll(), len(rows), proc.communicate()[1][-2000:])
+    finally:
+        proc.kill()
+        proc.communicate()
     return {r["step"]: r for r in rows}
 
 
@@ -86,7 +81,7 @@ def play(tmp_path, playbook, tiny, n=[0]):
 
 
 @pytest.mark.timeout(420)
-def test_stop_then_restart_resumes_at_the_saved_step_and_repeats_or_skips_no_batch(tmp_path, tiny, reference):
+def test_stop_then_restart_resumes_at_the_saved_step_and_repeats_or_skips_no_batch(tmp_path, tiny):
     run_dir = str(tmp_path / "runs" / "seed")
     try:
         first = play(tmp_path, "restart_training.yml", tiny)
@@ -110,7 +105,7 @@ def test_stop_then_restart_resumes_at_the_saved_step_and_repeats_or_skips_no_bat
     assert "at step %d" % saved in log and "resumed from" in log, log[-3000:]
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) < STEPS, [r["step"] for r in rows]
-    ref = reference_steps(reference, len(rows))
+    ref = reference_steps(tiny, len(rows))
     for r in rows:
         assert r["data_crc"] == ref[r["step"]]["data_crc"], "step %d: other batches than the reference" % r["step"]
         assert abs(r["loss"] - ref[r["step"]]["loss"]) <= 1e-4 * max(1.0, abs(r["loss"])), (r, ref[r["step"]])

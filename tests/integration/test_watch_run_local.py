@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -60,17 +61,34 @@ def _heartbeat(run_dir):
         return None
 
 
-def _watch(run_dir, until, timeout=240):
-    """Heartbeats read every 0.1 s until until(readings) holds; the readings (one per distinct write)."""
-    seen, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        hb = _heartbeat(run_dir)
-        if hb and (not seen or hb["updated_at"] != seen[-1]["updated_at"]):
-            seen.append(hb)
-        if seen and until(seen):
-            return seen
-        time.sleep(0.1)
-    raise AssertionError("timed out watching the heartbeat; last %s" % (seen[-1:] or None))
+class _Watcher(threading.Thread):
+    """Reads the heartbeat every 0.1 s in the background, keeping one reading per distinct write: started before a
+    playbook, it sees the run's heartbeats while the playbook still runs (under load, the restarted process once
+    trained all its steps before restart_training.yml had returned)."""
+
+    def __init__(self, run_dir):
+        super().__init__(daemon=True)
+        self.run_dir, self.seen, self.lock, self.done = run_dir, [], threading.Lock(), threading.Event()
+        self.start()
+
+    def run(self):
+        while not self.done.is_set():
+            hb = _heartbeat(self.run_dir)
+            with self.lock:
+                if hb and (not self.seen or hb["updated_at"] != self.seen[-1]["updated_at"]):
+                    self.seen.append(hb)
+            time.sleep(0.1)
+
+    def wait(self, until, timeout=240):
+        """The readings so far, once until(readings) holds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                seen = list(self.seen)
+            if seen and until(seen):
+                return seen
+            time.sleep(0.1)
+        raise AssertionError("timed out watching the heartbeat; last %s" % (seen[-1:] or None))
 
 
 @pytest.fixture(scope="module")
@@ -79,20 +97,25 @@ def watched(tiny, tmp_path_factory):
     inv = _inventory(tmp, tiny)
     run_dir = str(tmp / "runs" / "r1")
     out = {"tmp": tmp, "run_dir": run_dir}
+    watcher = None
     try:
         out["first"] = _playbook(inv, "restart_training.yml")
-        out["beats1"] = _watch(run_dir, lambda seen: (seen[-1].get("step") or 0) >= 15)
+        watcher = _Watcher(run_dir)
+        out["beats1"] = watcher.wait(lambda seen: (seen[-1].get("step") or 0) >= 15)
         out["restart"] = _playbook(inv, "restart_training.yml", "-e", "force=true")
         pid = int(open(os.path.join(run_dir, "pid")).read())
         # a few steps of the new process in its heartbeat before the status is asked for
-        beats = _watch(run_dir, lambda seen: len([b for b in seen if b["pid"] == pid and b.get("eta_s")]) >= 3)
+        watcher.wait(lambda seen: len([b for b in seen if b["pid"] == pid and b.get("eta_s")]) >= 3)
         out["status"] = _playbook(inv, "training_status.yml")
-        out["beats2"] = beats + _watch(run_dir, lambda seen: seen[-1].get("phase") == "finished")
+        beats = watcher.wait(lambda seen: seen[-1].get("phase") == "finished")
+        out["beats2"] = [b for b in beats if b["updated_at"] > out["beats1"][-1]["updated_at"]]  # from the restart
         out["log"] = open(os.path.join(run_dir, "train.log")).read()
         out["report_dest"] = str(tmp / "r1-report.html")
         out["report_status"] = _playbook(inv, "training_status.yml", "-e", "report=true",
                                          "-e", "report_dest=" + out["report_dest"])
     finally:
+        if watcher is not None:
+            watcher.done.set()
         subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inv,
                         os.path.join(ROOT, "playbooks", "stop_training.yml"), "-e", "run=r1"],
                        env=ENV, capture_output=True, cwd=ROOT, timeout=300)

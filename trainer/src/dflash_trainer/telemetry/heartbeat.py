@@ -4,8 +4,8 @@ Stdlib only, because the first heartbeat is written before torch is imported.
 Content: {pid, phase, step, epoch, tokens_per_s, loss, updated_at, error?, stopped?}; always replaced
 atomically (temp file in the same directory + os.replace) so a reader never sees half a file.
 A full disk must not leave the heartbeat at its last phase: the run dir keeps .heartbeat.reserve (RESERVE_BYTES,
-allocated at start), and a write that finds no space releases it and writes again, so `failed` and its error still
-reach the file (and the log line after it has room too).
+allocated at start), and a phase change that finds no space releases it and writes again, so `failed` and its
+error still reach the file (and the log line after it has room too); the periodic writes leave it alone.
 """
 
 from __future__ import annotations
@@ -67,14 +67,17 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def write(self) -> None:
+    def write(self, use_reserve: bool = True) -> None:
+        """use_reserve=False (the periodic writes): a full disk raises instead of taking the reserve, which stays for
+        the phase changes (`failed` and its error); taken by a periodic write in the middle of a checkpoint, it also
+        made the checkpoint's error report the reserve's 1 MiB as free space."""
         with self._lock:
             payload = dict(self._state, updated_at=time.time())
             # Several threads may write; the lock also serializes the shared temp file name.
             try:
                 write_json_atomic(self.path, payload)
             except OSError as e:
-                if e.errno != errno.ENOSPC or not self.release_reserve():
+                if e.errno != errno.ENOSPC or not use_reserve or not self.release_reserve():
                     raise
                 write_json_atomic(self.path, payload)
 
@@ -112,7 +115,7 @@ class Heartbeat:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.write()
+                self.write(use_reserve=False)
             except OSError:  # a full disk must not kill training; the next write retries
                 pass
 
