@@ -22,7 +22,10 @@ from harness.wandb_files import file_history, offline_runs, run_id_of
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ENV = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
            PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-STEPS = 150
+# Long enough that the first process is still training when the forced restart comes: a step takes ~50 ms here, and
+# under the test command's load restart_training.yml took longer than 150 steps (the run had finished, and the
+# restart resumed at its last step)
+STEPS = 400
 ARTIFACTS = os.path.join(ROOT, ".artifacts")
 LOG_STEP = re.compile(r"^step (\d+)/(\d+) \(([\d.]+)%\) eta (\S+) by (steps|time budget) epoch ")
 
@@ -101,7 +104,9 @@ def watched(tiny, tmp_path_factory):
     try:
         out["first"] = _playbook(inv, "restart_training.yml")
         watcher = _Watcher(run_dir)
-        out["beats1"] = watcher.wait(lambda seen: (seen[-1].get("step") or 0) >= 15)
+        # past step 15, and three readings with an ETA (the playbook may return after step 15, under load)
+        out["beats1"] = watcher.wait(lambda seen: (seen[-1].get("step") or 0) >= 15
+                                     and len([b for b in seen if b.get("eta_s") is not None]) >= 3)
         out["restart"] = _playbook(inv, "restart_training.yml", "-e", "force=true")
         pid = int(open(os.path.join(run_dir, "pid")).read())
         # a few steps of the new process in its heartbeat before the status is asked for
