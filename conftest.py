@@ -39,11 +39,13 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get("DFLASH_UNITS_IN_GATES") == "1":
         # scripts/test with the gates: their units step (ansible-test units) runs tests/unit on the collection as it
         # ships; here only what it skips for want of the checkout (marked checkout), so each test runs once.
-        gated = [i for i in items if i.nodeid.startswith(UNIT_SUITE) and not i.get_closest_marker("checkout")]
+        kept, gated = [], []
+        for item in items:
+            in_gate = item.nodeid.startswith(UNIT_SUITE) and not item.get_closest_marker("checkout")
+            (gated if in_gate else kept).append(item)
         if gated:
             config.hook.pytest_deselected(items=gated)
-            items[:] = [i for i in items if not (i.nodeid.startswith(UNIT_SUITE) and not i.get_closest_marker("checkout"))]
-
+            items[:] = kept
 
 
 def _cpu_seconds():
