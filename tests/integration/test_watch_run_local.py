@@ -65,9 +65,9 @@ def _heartbeat(run_dir):
 
 
 class _Watcher(threading.Thread):
-    """Reads the heartbeat every 0.1 s in the background, keeping one reading per distinct write: started before a
-    playbook, it sees the run's heartbeats while the playbook still runs (under load, the restarted process once
-    trained all its steps before restart_training.yml had returned)."""
+    """Reads the heartbeat every 0.1 s in the background, keeping one reading per distinct write, so it also sees
+    the heartbeats written while a playbook runs (under load, restart_training.yml returns many steps after the
+    new process started training)."""
 
     def __init__(self, run_dir):
         super().__init__(daemon=True)

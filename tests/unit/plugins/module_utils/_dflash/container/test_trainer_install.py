@@ -1,6 +1,7 @@
 """The in-container trainer install on real virtual environments in a tmp dir: python -m venv, real pip installing a
 tiny wheel offline (--no-index), the link switched only after `dflash-train --help` ran, failures leaving the previous
 environment in place, no-op on the same key, reuse of a kept environment, pruning, adoption of a hand-made venv."""
+import errno
 import glob
 import hashlib
 import json
@@ -231,7 +232,7 @@ def test_adopting_a_venv_of_an_overlay_lower_layer_copies_it_when_rename_is_refu
         venvs_root.mkdir()
         with pytest.raises(OSError) as refused:  # what adopt() meets first
             os.rename(str(link), str(venvs_root / "probe"))
-        assert refused.value.errno == 18  # EXDEV
+        assert refused.value.errno == errno.EXDEV
         dest = trainer_venvs.adopt(str(link), str(venvs_root), 0)
         assert os.path.basename(dest) == "adopted-19700101-000000" and not os.path.lexists(str(link))
         assert os.readlink(os.path.join(dest, "bin", "python")) == "python3"
