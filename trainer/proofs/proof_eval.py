@@ -158,8 +158,9 @@ def run_inline(out: str, device: torch.device, deadline_t: float | None, log) ->
         ev.snapshot(snap)
 
 
-def run_worker(out: str, device: torch.device, deadline_t: float | None, log, poll_s: float = 2.0) -> None:
-    """Alongside training: the baseline, then each snapshot as it is listed, until training is done."""
+def run_worker(out: str, device: torch.device, deadline_t: float | None, log, poll_s: float = 0.5) -> None:
+    """Alongside training: the baseline, then each snapshot as it is listed, until training is done. A look at the
+    list every `poll_s` (a file read): the driver waits on this worker once training is over."""
     ev = Evaluator(out, device, log)
     ev.baseline()
     while True:

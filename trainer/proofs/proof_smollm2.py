@@ -122,8 +122,10 @@ def regenerate(args, cfg, train_prompts: str, out: str, devices: list[str], shar
     for i in range(len(devices)):
         parts.append(os.path.join(out, f"train_prompts-{i}.jsonl"))
         write_split(parts[-1], rows[i::len(devices)], shared)
+    threads = cpu_share(sum(torch.device(d).type == "cpu" for d in devices))
     with ProcessPoolExecutor(len(devices), mp_context=get_context("spawn")) as pool:  # CUDA needs spawn
-        futures = [pool.submit(prepare, cfg.target_model, [part], os.path.join(data_dir, f"part-{i}"), device=d, **kw)
+        futures = [pool.submit(prepare_with_threads, threads if torch.device(d).type == "cpu" else None,
+                               cfg.target_model, [part], os.path.join(data_dir, f"part-{i}"), device=d, **kw)
                    for i, (part, d) in enumerate(zip(parts, devices))]
         part_stats = [f.result() for f in futures]
     joined = os.path.join(data_dir, "all")
@@ -142,6 +144,21 @@ def regenerate(args, cfg, train_prompts: str, out: str, devices: list[str], shar
             stats["bad"][reason] = stats["bad"].get(reason, 0) + n
     stats.update(complete=all(st["complete"] for st in part_stats), devices=devices)
     return joined, stats
+
+
+def cpu_share(processes: int) -> int:
+    """torch threads for each of `processes` processes computing on the CPU at once: this process's threads (a
+    thread per core, or OMP_NUM_THREADS) split between them. torch's default in each, a thread per core, would
+    oversubscribe the cores: on 2 cores the tiny proof's two regeneration processes, and its training beside a CPU
+    evaluation worker, ran about ten times slower (OpenMP threads spinning for a core)."""
+    return max(1, torch.get_num_threads() // max(processes, 1))
+
+
+def prepare_with_threads(threads: int | None, *args, **kw) -> dict:
+    """prepare() in a regeneration process, with `threads` torch threads (None: torch's default)."""
+    if threads:
+        torch.set_num_threads(threads)
+    return prepare(*args, **kw)
 
 
 def mask_token_for(target: str, flag: int | None) -> tuple[int, str]:
@@ -198,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-device", default=None,
                    help="evaluate on this device (e.g. cpu or cuda:1) while training; default: after training, on "
                         "--device")
-    g.add_argument("--eval-threads", type=int, default=None, help="torch threads of a CPU evaluation worker")
+    g.add_argument("--eval-threads", type=int, default=None,
+                   help="torch threads of a CPU evaluation worker (default: half the cores when training is on the "
+                        "CPU too, else torch's own)")
     g.add_argument("--report-dir", default=None, help="also write proof.json/proof.md here (e.g. $OUT)")
     g.add_argument("--deadline-s", type=float, default=None, help="skip remaining evaluations after this")
     # dflash-prepare-data's regeneration flags (its declaration), as --regen-*; the proof's own defaults, in the
@@ -263,6 +282,17 @@ def train_config(args, train_argv: list[str], data_dir: str, mask_token_id: int 
     except ValueError as e:  # dflash-train's own one-line refusal
         print(f"proof_smollm2.py: error: {' '.join(str(e).split())}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def cpu_threads(args, device: torch.device) -> tuple[int | None, dict | None]:
+    """The evaluation worker's torch threads (--eval-threads, else None: torch's default) and dflash-train's
+    environment (None: this one's). Both on the CPU at once, each gets its share of the cores."""
+    if not (args.eval_device and torch.device(args.eval_device).type == "cpu" and device.type == "cpu"):
+        return args.eval_threads, None
+    eval_threads = args.eval_threads or cpu_share(2)
+    train_threads = max(1, torch.get_num_threads() - eval_threads)
+    log(f"the CPU shared: {train_threads} torch thread(s) for training, {eval_threads} for evaluation")
+    return eval_threads, dict(os.environ, OMP_NUM_THREADS=str(train_threads))
 
 
 def start_eval_worker(out: str, device: str, deadline_s: float | None, threads: int | None) -> subprocess.Popen:
@@ -341,13 +371,14 @@ def run(args, train_argv: list[str], cfg) -> int:
                "init_drafter": cfg.init_drafter, "eval_device": args.eval_device or str(device), "data": stats,
                "snapshots": [], "stage_s": stage, "args": vars(args), "train_command": command,
                "train_config": cfg.to_dict()}
-    worker = start_eval_worker(out, args.eval_device, args.deadline_s, args.eval_threads) if args.eval_device else None
+    eval_threads, train_env = cpu_threads(args, device)
+    worker = start_eval_worker(out, args.eval_device, args.deadline_s, eval_threads) if args.eval_device else None
 
     t = time.time()
     log(f"training: {' '.join(command)}")
-    trainer = subprocess.Popen(command, stdin=subprocess.DEVNULL)  # its log lines go to this process's stdout
-    while trainer.poll() is None:  # the report follows the snapshots and the worker's evaluations
-        time.sleep(2.0)
+    # its log lines go to this process's stdout
+    trainer = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=train_env)
+    while not exited(trainer, 2.0):  # the report follows the snapshots and the worker's evaluations
         refresh(out, results)
     stage["train_s"] = round(time.time() - t, 1)
     proof_eval.mark_training_done(out)
@@ -369,6 +400,15 @@ def run(args, train_argv: list[str], cfg) -> int:
     log(f"results: {os.path.join(out, 'proof.md')}")
     print(open(os.path.join(out, "proof.md")).read())
     return 0 if trainer.returncode == 0 and results["snapshots"] else 1
+
+
+def exited(proc: subprocess.Popen, timeout: float) -> bool:
+    """Waits up to `timeout` s for `proc`: True once it has exited (at once, not at the end of a sleep)."""
+    try:
+        proc.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def refresh(out: str, results: dict) -> None:
