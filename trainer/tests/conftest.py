@@ -23,6 +23,13 @@ def _builtin_sys_intern():
 # refuses the patched sys.intern at import time (before any fixture runs).
 _builtin_sys_intern()
 
+# Where the tests' processes keep the bytecode of what they import, beside this virtual environment. Where
+# PYTHONDONTWRITEBYTECODE is set (this project's sandboxes set it), each process compiled torch's and transformers'
+# sources anew: about 10 CPU-s a process (pytest's own, each dflash-train, proof worker and regeneration process),
+# more than a tiny proof's training. This process from here on (torch is imported next); its children: the fixture.
+PYCACHE = os.path.join(sys.prefix, "pycache")
+sys.pycache_prefix, sys.dont_write_bytecode = PYCACHE, False
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -45,6 +52,12 @@ def builtin_sys_intern_for_the_session():
 @pytest.fixture(autouse=True)
 def builtin_sys_intern():
     _builtin_sys_intern()
+
+
+@pytest.fixture(autouse=True)
+def bytecode_for_child_processes(monkeypatch):
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", PYCACHE)
 
 
 @pytest.fixture(scope="session")
