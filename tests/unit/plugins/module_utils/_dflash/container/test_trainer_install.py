@@ -40,6 +40,13 @@ def make_wheel(directory, version="0.1.0", help_rc=0, corrupt=False):
     return path
 
 
+@pytest.fixture(autouse=True)
+def bytecode_in_the_venv(monkeypatch):
+    """pip's byte-compiling writes into the venv's __pycache__ (where the container's trainer finds it), unless
+    PYTHONPYCACHEPREFIX sends it elsewhere: scripts/test sets that for its own processes, not the container's."""
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+
+
 def compiled(venv):
     """Byte-compiled modules of the installed package that nothing imported."""
     found = glob.glob(os.path.join(venv, "lib", "python*", "site-packages", "dflash_trainer", "__pycache__",
