@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from dflash_trainer.advisor.layer_timing import TimedLayers, decoder_layers  # noqa: F401 (target_forward.py's)
+from dflash_trainer.model.fused_projections import unfuse_layer
 from dflash_trainer.model.target import (AROUND_KERNELS, AROUND_KERNELS_SHIFTS, COMPILED, COMPILE_BY_KIND, EAGER,
                                          layer_kinds)
 
@@ -24,16 +25,17 @@ STRATEGIES = {
     "all-compiled": {"default": COMPILED},  # fla's kernel traced by the compiler too
     "around-fla": {"default": COMPILED, "full_attention": COMPILED, "linear_attention": AROUND_KERNELS},
     "around-fla-shifts": {"default": COMPILED, "full_attention": COMPILED, "linear_attention": AROUND_KERNELS_SHIFTS},
-    "by-kind": COMPILE_BY_KIND,  # what dflash-train runs
+    "by-kind": COMPILE_BY_KIND,  # what dflash-train runs (the shifts, with projections fused)
 }
 
 
 def uncompile(target) -> None:
-    """Back to eager: the layers' compiled calls dropped, dynamo's caches cleared, the kernel made opaque by
-    make_kernels_opaque put back."""
+    """Back to eager: the layers' compiled calls dropped, fused projections undone, dynamo's caches cleared, the
+    kernel made opaque by make_kernels_opaque put back."""
     import torch
     for layer in decoder_layers(target):
         layer._compiled_call_impl = None
+        unfuse_layer(layer)
         attn = getattr(layer, "linear_attn", None)
         module = sys.modules.get(type(attn).__module__) if attn is not None else None
         for name in ("torch_chunk_gated_delta_rule", "causal_conv1d_fn"):
