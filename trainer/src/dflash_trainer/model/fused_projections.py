@@ -20,6 +20,10 @@ import torch
 import torch.nn.functional as F
 
 DELTANET_INPUTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+# What transformers' model forward hands every layer that leaves a no-cache prefill as it is (FrozenTarget's call
+# brings use_cache and output_hidden_states); any other keyword (packed sequences' cu_seq_lens_q, ...) runs
+# transformers' own forward.
+PREFILL_KWARGS = frozenset({"use_cache", "output_hidden_states", "output_attentions"})
 MLP_INPUTS = ("gate_proj", "up_proj")
 
 
@@ -64,7 +68,7 @@ def fuse_gated_deltanet(attn) -> bool:
     modeling = sys.modules[type(attn).__module__]  # its kernels are looked up per call (make_kernels_opaque's too)
 
     def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-        if cache is not None or attention_mask is not None or kwargs:
+        if cache is not None or attention_mask is not None or not PREFILL_KWARGS.issuperset(kwargs):
             return layer_forward(self, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
         B, T, _ = hidden_states.shape
         mixed_qkv, z, b, a = torch.split(F.linear(hidden_states, self.in_proj_weight), widths, dim=-1)
