@@ -7,8 +7,9 @@ columns wide. Fused, each group is one GEMM over the weights laid end to end. Me
 full-attention layer (its MLP only) 10.53 -> 10.42 ms.
 
 The concatenated weight is the storage: each original Linear's weight becomes a view into it, so nothing is held
-twice and `unfuse` gives back the layer as transformers wrote it (benchmarks compare both in one process). Only the
-target's no-cache prefill is fused, the one call FrozenTarget makes; any other call runs transformers' own forward.
+twice and `unfuse_layer` gives back the layer as transformers wrote it (benchmarks compare both in one process).
+Only the target's no-cache prefill is fused, the one call FrozenTarget makes; any other call runs transformers' own
+forward.
 """
 
 from __future__ import annotations
