@@ -89,7 +89,6 @@ def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(tmp_p
     assert driver.main(common + ["--out", str(second), "--warmup-ratio", "0.1"]) == 0
     a, b = (json.load(open(d / "proof.json")) for d in (first, second))
     assert b["data"]["num_rows_written"] == a["data"]["num_rows_written"] and b["data"]["complete"]
-    assert b["stage_s"]["regenerate_s"] < a["stage_s"]["regenerate_s"]
     assert b["snapshots"][0]["eval"]["lossless"] and b["train_config"]["warmup_ratio"] == 0.1
     # the first proof's data is untouched: no shard, progress or stats file was rewritten
     assert {p: os.path.getmtime(p) for p in (first / "data").rglob("*") if p.is_file()} == shards

@@ -77,6 +77,16 @@ def wait_state(pid, want, timeout=5.0):
         time.sleep(0.01)
 
 
+TERM_BIT = 1 << (signal.SIGTERM - 1)
+
+
+def signal_masks(pid):
+    """SigPnd, SigBlk, SigIgn, SigCgt of pid as ints, from /proc/<pid>/status."""
+    with open("/proc/%d/status" % pid) as f:
+        return dict((k, int(v, 16)) for k, _sep, v in (line.partition(":") for line in f)
+                    if k in ("SigPnd", "SigBlk", "SigIgn", "SigCgt"))
+
+
 def no_such_pid():
     with open("/proc/sys/kernel/pid_max") as f:
         return int(f.read()) + 1  # above pid_max: can never exist
@@ -213,8 +223,11 @@ def test_stop_group_sigterm_honoured(spawn):
 
 def test_stop_group_waits_for_a_slow_exit_within_grace(spawn):
     proc = spawn(sleeper("slow-exit"))
+    masks = signal_masks(proc.pid)
+    # the child catches SIGTERM and does not block it (a mask inherited from the runner would keep it pending)
+    assert masks["SigCgt"] & TERM_BIT and not masks["SigBlk"] & TERM_BIT, masks
     res = procfs.stop_group(proc.pid, grace_s=10)
-    assert res["signal"] == "SIGTERM"
+    assert res["signal"] == "SIGTERM", (res, masks, procfs.proc_state(proc.pid))
     assert 0.35 <= res["waited_s"] < 5
     assert proc.wait(5) == 0  # it exited on its own, after its handler ran
 
