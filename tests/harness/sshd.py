@@ -60,6 +60,9 @@ class Sshd:
         return f"{BIN_DIR}:{SYSTEM_PATH}" if self.with_pct else SYSTEM_PATH
 
     def _config(self) -> None:
+        # SHLVL=1: bash started by sshd sources ~/.bashrc only as a top-level shell (SHLVL < 2). This machine's
+        # .bashrc runs `pyenv init` and `pyenv rehash`: ~100 CPU-s of a test command's run went to them (process
+        # accounting, 2026-12-03). A Proxmox host's root shell is not the harness's concern.
         self.conf.write_text(f"""\
 # dflash harness sshd: 127.0.0.1 only, key-only root login
 Port {self.port}
@@ -79,7 +82,7 @@ LogLevel INFO
 MaxStartups 50:30:100
 MaxSessions 50
 Subsystem sftp internal-sftp
-SetEnv PATH={self.path_env()}
+SetEnv PATH={self.path_env()} SHLVL=1
 """)
 
     def start(self, timeout: float = 15) -> "Sshd":
