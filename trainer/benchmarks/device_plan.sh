@@ -3,12 +3,12 @@
 # rank sharing GPU 0 (benchmarks/seed_layout.py: the seed's shapes, an 8-layer Qwen3.6-27B-shaped target, one
 # 8,192-token sequence per micro-batch), then `dflash-train --plan` of that same job (its prediction, to compare),
 # then --plan of the seed's 8-GPU job (all 64 layers from a config-only target dir; the 5 + 3 split).
-#   run(kind="nvidia-h200", timeout_s=600, carry=[".whl"], command="bash trainer/benchmarks/device_plan.sh")
-# (.whl: the fla extra's wheels, as for device_kernels.sh.) $OUT: seed-1-1-shared.{json,log}, plan-1-1.{json,log},
+#   run(kind="nvidia-h200", timeout_s=600, carry=[".artifacts/whl"], command="bash trainer/benchmarks/device_plan.sh")
+# (.artifacts/whl: the fla extra's wheels, as for device_kernels.sh.) $OUT: seed-1-1-shared.{json,log}, plan-1-1.{json,log},
 # plan-seed-8gpu.{json,log}.
 set -uo pipefail
 OUT=${OUT:-/tmp/dflash-out}
-WHL=${WHL:-$PWD/.whl}
+WHL=${WHL:-$PWD/.artifacts/whl}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla-site "$WHL"/*.whl \
     2>&1 | tail -n 2
