@@ -169,8 +169,8 @@ def run_worker(out: str, device: torch.device, deadline_t: float | None, log, po
         if deadline_t is not None and time.time() > deadline_t:
             log(f"deadline: {len(pending)} snapshot(s) left to the driver")
             return
-        if pending:
-            ev.snapshot(pending[0])
+        if pending:  # once training is over, the longest-trained first: a deadline then cuts the shortest
+            ev.snapshot(pending[-1] if done else pending[0])
         elif done:
             return
         else:
