@@ -145,7 +145,11 @@ def test_progress_and_eta_in_the_log_heartbeat_and_status_fall_as_the_run_advanc
     rows = [r for r in _metrics(watched["run_dir"]) if r["step"] > resumed]  # the second process's rows
     assert all(r["total_steps"] == STEPS and r["ends_by"] == "steps" for r in rows)
     assert rows[0]["eta_s"] is None  # its first step: no pace of its own yet
-    assert rows[1]["eta_s"] > rows[len(rows) // 2]["eta_s"] > rows[-1]["eta_s"] == 0
+    # compared a quarter and three quarters in (three times the steps left): a pace of one or two steps under load
+    # is noisy (2026-12-04, a fresh clone with the cores 94 % busy: 6.2 s at step 2 of the second process, 7.1 s
+    # half-way)
+    assert len(rows) >= 8 and all(r["eta_s"] is not None for r in rows[1:]), rows
+    assert rows[len(rows) // 4]["eta_s"] > rows[3 * len(rows) // 4]["eta_s"] > rows[-1]["eta_s"] == 0
 
     for beats in (watched["beats1"], watched["beats2"]):
         mine = [b for b in beats if b.get("eta_s") is not None and b["pid"] == beats[-1]["pid"]]
