@@ -20,14 +20,16 @@
 #                                   (starts proofs.proof_smollm2 detached, then follows it for $WATCH_S s;
 #                                   the proof trains with dflash-train: PROOF_FLAGS holds dflash-train's own
 #                                   flags, e.g. the 10-minute proof on one H200:
-#                                   --device cuda --eval-device cpu --eval-threads 12 --time-budget-min 10
+#                                   --device cuda --eval-device cuda:0 --time-budget-min 10
 #                                   --snapshot-minutes 2,5 --compile-warmup-batches 2 --epochs 100
 #                                   --block-size 16 --gamma 7 --max-anchors 256 --token-budget 32768
 #                                   --max-seq-len 1024 --grad-accum 1 --lr 1e-3 --use-soft-labels
 #                                   --log-interval 50 --checkpoint-interval 100000 --num-eval 32
 #                                   --eval-max-new-tokens 128 --temperature 0 --regen-max-new-tokens 160
 #                                   --regen-batch-size 2048 --regen-rows-per-shard 2048 --regen-budget-s 420
-#                                   (every snapshot is also evaluated on the 78 other-styles prompts:
+#                                   (--eval-device cuda:0: an evaluation worker beside dflash-train on
+#                                   the same GPU; after training the baseline alone took ~520 s, PROOF.md
+#                                   run 12; every snapshot is also evaluated on the 78 other-styles prompts:
 #                                   --num-other-styles N evaluates fewer, PROOF.md "Two held-out sets")
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*)
