@@ -5,7 +5,8 @@
 #
 # Here first: python3 -m pip download --no-deps -d .artifacts/whl flash-linear-attention==0.6.0 fla-core==0.6.0 \
 #   einops==0.8.2 (the extra's pins; pure-Python wheels; .artifacts is ignored by git, so it is carried):
-#   run(kind="nvidia-h200", timeout_s=600, carry=[".artifacts/whl"], command="bash trainer/benchmarks/device_kernels.sh")
+#   run(kind="nvidia-h200", timeout_s=600, carry=[".artifacts/whl"],
+#       command="bash trainer/benchmarks/device_kernels.sh")
 # FLA_STRATEGIES (default: all of layer_kinds.STRATEGIES) picks the strategies run with fla; FALLBACK=0 skips the
 # fallback's run. Everything lands in $OUT: versions.txt, target-forward-{fla,fallback}.{json,log}.
 set -uo pipefail
@@ -24,7 +25,8 @@ cd trainer
 quiet() { grep --line-buffered -v -E "Loading weights|Writing model"; }
 echo "=== with flash-linear-attention"
 PYTHONPATH=$FLA_PATH timeout "${FLA_S:-380}" python3 -m benchmarks.target_forward --preset qwen3.6-27b \
-    --target-layers kinds ${FLA_STRATEGIES:+--strategies "$FLA_STRATEGIES"} --out "$OUT/target-forward-fla.json" 2>&1 | quiet | tee "$OUT/target-forward-fla.log"
+    --target-layers kinds ${FLA_STRATEGIES:+--strategies "$FLA_STRATEGIES"} --out "$OUT/target-forward-fla.json" \
+    2>&1 | quiet | tee "$OUT/target-forward-fla.log"
 echo "fla: $((SECONDS - START)) s"
 [ "${FALLBACK:-1}" = 0 ] && exit 0
 echo "=== transformers' torch fallback (no fla)"

@@ -102,7 +102,8 @@ def test_shape_spanning_batches_cover_the_plans_extremes_without_moving(tmp_path
 def test_shards_of_other_integer_widths_bool_masks_and_sliced_arrays_read_the_same(tmp_path):
     from dflash_trainer.data.batches import as_numpy
     assert as_numpy(pa.array([5, 6, 7, 8], pa.int64()).slice(1)).tolist() == [6, 7, 8]   # an offset into the buffer
-    assert as_numpy(pa.array([True, False, True], pa.bool_())).tolist() == [True, False, True]   # bit-packed: pyarrow's path
+    # bit-packed booleans: pyarrow's own path
+    assert as_numpy(pa.array([True, False, True], pa.bool_())).tolist() == [True, False, True]
     rows = [[3, 1, 4], [1, 5], [9, 2, 6, 5]]
     pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int64())),
                              "loss_mask": pa.array([[False, True, True], [True, True], [False] * 4],

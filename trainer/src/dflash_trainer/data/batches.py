@@ -27,6 +27,7 @@ def as_numpy(arr) -> np.ndarray:
         return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
     return arr.to_numpy(zero_copy_only=False)  # bool masks (bit-packed) and anything else: pyarrow's own
 
+
 class TokenizedDataset:
     """All sequences in memory as flat numpy arrays + offsets: 5 bytes per token and no per-row Python
     objects, so a few billion tokens still load (a list of lists would need ~30x the memory)."""
