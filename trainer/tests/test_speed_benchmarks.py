@@ -181,3 +181,17 @@ def test_a_bad_environment_knob_is_refused_by_the_parser_before_anything_runs(sc
     out = capsys.readouterr()
     assert stopped.value.code == 2 and "peak:" not in out.out  # nothing measured
     assert out.err.strip().splitlines()[-1].endswith(f": error: {error}"), out.err
+
+
+def test_sdpa_backends_times_each_kv_form_and_reports_a_refusing_backend(tmp_path, capsys):
+    sdpa = load_benchmark("benchmarks.sdpa_backends")
+    assert sdpa.main(["--device", "cpu", "--out", str(tmp_path / "sdpa.json")]) == 0
+    result = json.load(open(tmp_path / "sdpa.json"))
+    assert [(r["backend"], r["kv"]) for r in result["rows"]] == [("MATH", "enable_gqa"), ("MATH", "repeated")]
+    shape = result["shape"]
+    assert result["tflop_per_call"] * 1e12 == 4 * shape["heads"] * shape["head_dim"] * 128 * 129 / 2
+    assert all(r["ms"] > 0 and r["tflops"] > 0 for r in result["rows"])
+    assert "| MATH | repeated |" in capsys.readouterr().out
+    # a backend that does not take these inputs (cuDNN on the CPU) is a refusal, not a crash
+    refused = sdpa.time_backend(torch, "CUDNN_ATTENTION", True, shape, torch.device("cpu"), torch.float32)
+    assert isinstance(refused, str) and refused
