@@ -22,7 +22,8 @@ from .matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
 from .target_forward import PRESETS
 from .timing import timed_calls
 
-BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+# "default": no sdpa_kernel context, the kernel torch picks by its own order (what an uncompiled layer gets)
+BACKENDS = ("default", "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +41,8 @@ def attention_flop(shape: dict) -> float:
 
 
 def time_backend(torch, backend: str, gqa: bool, shape: dict, device, dtype):
-    """Seconds of one causal attention (median of the preset's steps), or the backend's refusal as a string."""
+    """(seconds of one causal attention: the median of the preset's steps, its output), or the backend's refusal as
+    a string."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     B, T, H, KV, D = shape["batch"], shape["seq_len"], shape["heads"], shape["kv_heads"], shape["head_dim"]
     g = torch.Generator(device=device).manual_seed(0)
@@ -51,14 +53,15 @@ def time_backend(torch, backend: str, gqa: bool, shape: dict, device, dtype):
     F = torch.nn.functional
 
     def call(_i):
-        with sdpa_kernel(getattr(SDPBackend, backend)), torch.no_grad():
+        import contextlib
+        chosen = contextlib.nullcontext() if backend == "default" else sdpa_kernel(getattr(SDPBackend, backend))
+        with chosen, torch.no_grad():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     try:
         times, out, _ = timed_calls(call, shape["warmup"], shape["steps"], device)
     except RuntimeError as exc:  # "No available kernel": this backend does not take these inputs
         return str(exc).splitlines()[0][:100]
-    del out
-    return times[len(times) // 2]
+    return times[len(times) // 2], out
 
 
 def main(argv=None) -> int:
@@ -72,24 +75,31 @@ def main(argv=None) -> int:
     flop = attention_flop(shape)
     print(f"shape: {shape['batch']} x {shape['seq_len']} tokens, {shape['heads']} query / {shape['kv_heads']} KV "
           f"heads x {shape['head_dim']}, causal, {str(dtype).replace('torch.', '')}; {flop / 1e12:.3f} TFLOP per call")
-    rows = []
-    for backend in BACKENDS if device.type == "cuda" else ("MATH",):
+    rows, first = [], None
+    for backend in BACKENDS if device.type == "cuda" else ("default", "MATH"):
         for gqa in (True, False):
-            s = time_backend(torch, backend, gqa, shape, device, dtype)
+            timed = time_backend(torch, backend, gqa, shape, device, dtype)
             row = {"backend": backend, "kv": "enable_gqa" if gqa else "repeated"}
-            row.update({"ms": s * 1e3, "tflops": flop / s / 1e12, "ratio_to_peak": flop / s / 1e12 / peak["tflops"]}
-                       if isinstance(s, float) else {"refused": s})
+            if isinstance(timed, str):
+                row["refused"] = timed
+            else:
+                s, out = timed
+                first = out if first is None else first  # the same inputs: the outputs must agree
+                row.update({"ms": s * 1e3, "tflops": flop / s / 1e12, "ratio_to_peak": flop / s / 1e12 / peak["tflops"],
+                            "max_abs_diff": (out.float() - first.float()).abs().max().item()})
+                del out
             rows.append(row)
     timed = [r for r in rows if "ms" in r]
     reference = min((r["ms"] for r in timed if r["backend"] == timed[0]["backend"]), default=None)
-    print(f"\n| backend | KV heads | ms | TFLOP/s | share of peak | time / {timed[0]['backend']}'s best |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(f"\n| backend | KV heads | ms | TFLOP/s | share of peak | time / {timed[0]['backend']}'s best | "
+          f"max abs diff to the first row's output |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         if "ms" in r:
             print(f"| {r['backend']} | {r['kv']} | {r['ms']:.3f} | {r['tflops']:.1f} | {r['ratio_to_peak']:.3f} | "
-                  f"{r['ms'] / reference:.2f} |")
+                  f"{r['ms'] / reference:.2f} | {r['max_abs_diff']:.3g} |")
         else:
-            print(f"| {r['backend']} | {r['kv']} | refused: {r['refused']} | | | |")
+            print(f"| {r['backend']} | {r['kv']} | refused: {r['refused']} | | | | |")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

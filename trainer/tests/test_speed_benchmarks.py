@@ -187,10 +187,13 @@ def test_sdpa_backends_times_each_kv_form_and_reports_a_refusing_backend(tmp_pat
     sdpa = load_benchmark("benchmarks.sdpa_backends")
     assert sdpa.main(["--device", "cpu", "--out", str(tmp_path / "sdpa.json")]) == 0
     result = json.load(open(tmp_path / "sdpa.json"))
-    assert [(r["backend"], r["kv"]) for r in result["rows"]] == [("MATH", "enable_gqa"), ("MATH", "repeated")]
+    assert [(r["backend"], r["kv"]) for r in result["rows"]] == [
+        ("default", "enable_gqa"), ("default", "repeated"), ("MATH", "enable_gqa"), ("MATH", "repeated")]
     shape = result["shape"]
     assert result["tflop_per_call"] * 1e12 == 4 * shape["heads"] * shape["head_dim"] * 128 * 129 / 2
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in result["rows"])
+    assert result["rows"][0]["max_abs_diff"] == 0  # the first row is the reference
+    assert all(r["max_abs_diff"] < 1e-5 for r in result["rows"])  # the same attention by every kernel
     assert "| MATH | repeated |" in capsys.readouterr().out
     # a backend that does not take these inputs (cuDNN on the CPU) is a refusal, not a crash
     refused = sdpa.time_backend(torch, "CUDNN_ATTENTION", True, shape, torch.device("cpu"), torch.float32)
