@@ -18,7 +18,7 @@ SLOW_FILES = frozenset("trainer/tests/%s.py" % name for name in (
     "test_dist_rank_failure", "test_dist_split_fsdp", "test_dist_train", "test_dist_wall_clock", "test_evaluate",
     "test_export", "test_float8", "test_full_disk", "test_hybrid_target", "test_learning", "test_loop_resources",
     "test_preflight", "test_prepare_data", "test_proof_devices", "test_proof_prompts", "test_proof_tiny",
-    "test_proof_warm_start", "test_run_contract", "test_seed_layout", "test_serve_bench", "test_speed_benchmarks",
+    "test_run_contract", "test_seed_layout", "test_serve_bench", "test_speed_benchmarks",
     "test_time_budget")) | {
     "tests/unit/plugins/module_utils/_dflash/container/test_trainer_install.py",
     "tests/unit/plugins/module_utils/_dflash/controller/test_trainer_wheel_build.py"}

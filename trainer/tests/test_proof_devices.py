@@ -1,6 +1,7 @@
 """The proof driver on several devices (two CPU "devices" here): regeneration split over two processes,
 dflash-train in its own process, evaluation in a worker process alongside training, and the inline fallback
-that finishes what a worker left undone."""
+that finishes what a worker left undone; a second proof on the first one's data. The first proof is run once
+(`two_device_proof`) and read by both tests."""
 
 from __future__ import annotations
 
@@ -9,15 +10,25 @@ import os
 
 import pytest
 
-from trainer_testlib import load_benchmark
+from trainer_testlib import load_benchmark, run_proof_logged
+
+
+@pytest.fixture(scope="module")
+def two_device_proof(tmp_path_factory):
+    """A proof with its regeneration over two processes and an evaluation worker: (its --out, log text)."""
+    root = tmp_path_factory.mktemp("two-devices")
+    out = root / "proof"
+    rc, log = run_proof_logged(["--tiny", "--out", str(out), "--time-budget-min", "0.1", "--snapshot-minutes",
+                                "0.05", "--device", "cpu", "--regen-devices", "cpu,cpu", "--eval-device", "cpu"],
+                               root / "proof.log")
+    assert rc == 0, log[-3000:]
+    return out, log
 
 
 @pytest.mark.timeout(600)
-def test_split_regeneration_training_and_eval_worker(tmp_path, capfd):
+def test_split_regeneration_training_and_eval_worker(two_device_proof):
     driver = load_benchmark("proofs.proof_smollm2")
-    out = tmp_path / "proof"
-    assert driver.main(["--tiny", "--out", str(out), "--time-budget-min", "0.1", "--snapshot-minutes", "0.05",
-                        "--device", "cpu", "--regen-devices", "cpu,cpu", "--eval-device", "cpu"]) == 0
+    out, log = two_device_proof
     result = json.load(open(out / "proof.json"))
     data = result["data"]
     assert data["devices"] == ["cpu", "cpu"] and data["complete"]
@@ -37,7 +48,7 @@ def test_split_regeneration_training_and_eval_worker(tmp_path, capfd):
                          cfg["max_batch_size"])
     assert last["sequences"] == sum(len(loader.next_batch().lengths) for _ in range(last["step"]))
     # the worker (a separate process, its own log prefix) evaluated the baseline and both snapshots
-    assert "worker done" in capfd.readouterr().out
+    assert "worker done" in log
     assert result["baseline"]["lossless"]
     for snap in result["snapshots"]:
         assert snap["eval"]["lossless"] and snap["eval_device"] == "cpu"
@@ -76,11 +87,9 @@ def test_bad_device_is_refused_before_anything_runs(tmp_path, capsys, flag, valu
 
 
 @pytest.mark.timeout(600)
-def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(tmp_path, capsys):
+def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(two_device_proof, tmp_path, capsys):
     driver = load_benchmark("proofs.proof_smollm2")
-    first = tmp_path / "first"
-    assert driver.main(["--tiny", "--out", str(first), "--time-budget-min", "0.05", "--device", "cpu",
-                        "--regen-devices", "cpu,cpu"]) == 0
+    first = two_device_proof[0]  # its data and split are only read here (the other test re-evaluates into eval/)
     shards = {p: os.path.getmtime(p) for p in (first / "data").rglob("*") if p.is_file()}
     split = {p: open(p).read() for p in first.glob("*prompts*.jsonl")}
     common = ["--tiny", "--target-model", str(first / "tiny_target"), "--prompts", str(first / "tiny_prompts.jsonl"),

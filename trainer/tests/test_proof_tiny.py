@@ -1,24 +1,43 @@
 """The proof driver's --tiny path end to end on the CPU: regenerate, dflash-train (a subprocess, with a time
-budget and a snapshot), export, reload, τ on both held-out sets (the split and the other-styles set)."""
+budget and a snapshot), export, reload, τ on both held-out sets (the split and the other-styles set); and
+--init-drafter: a proof that starts from an earlier proof's export (or checkpoint) — the way a drafter's training can
+go on in a later session — and refuses weights of another drafter shape before it writes anything (dflash-train's
+own check, run by the driver up front). The hard-label proof is run once and read by both tests."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
-from trainer_testlib import load_benchmark, read_heartbeat, read_metrics
+from trainer_testlib import load_benchmark, read_heartbeat, read_metrics, run_proof_logged
+from dflash_trainer.loop import train
+
+
+def tiny_proof(root, labels):
+    """A proof of 0.1 min with a snapshot at 0.05 min, every step logged: (its --out, report dir, log text)."""
+    out, report = root / "proof", root / "report"
+    rc, log = run_proof_logged(["--tiny", "--out", str(out), "--time-budget-min", "0.1", "--snapshot-minutes", "0.05",
+                                "--device", "cpu", "--log-interval", "1", "--report-dir", str(report)] + labels,
+                               root / "proof.log")
+    assert rc == 0, log[-3000:]
+    return out, report, log
+
+
+@pytest.fixture(scope="module")
+def hard_proof(tmp_path_factory):
+    return tiny_proof(tmp_path_factory.mktemp("hard"), [])
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("labels", [[], ["--use-soft-labels"]], ids=["hard", "soft"])
-def test_proof_tiny_drives_dflash_train_and_reports(tmp_path, capfd, labels):
-    driver = load_benchmark("proofs.proof_smollm2")
-    out = tmp_path / "proof"
-    assert driver.main(["--tiny", "--out", str(out), "--time-budget-min", "0.1", "--snapshot-minutes", "0.05",
-                        "--device", "cpu", "--report-dir", str(tmp_path / "report")] + labels) == 0
-    result = json.load(open(tmp_path / "report" / "proof.json"))
+def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
+    out, report, log = request.getfixturevalue("hard_proof") if not labels else tiny_proof(tmp_path, labels)
+    result = json.load(open(report / "proof.json"))
     # the training was dflash-train's, with the driver's flags handed on under their own names
     command = result["train_command"]
     assert command[1:3] == ["-m", "dflash_trainer.cli"] and ("--use-soft-labels" in command) == bool(labels)
@@ -26,7 +45,6 @@ def test_proof_tiny_drives_dflash_train_and_reports(tmp_path, capfd, labels):
     assert result["train_config"]["use_soft_labels"] == bool(labels) and result["train_config"]["block_size"] == 8
     hb = read_heartbeat(out / "train")
     assert hb["phase"] == "finished" and hb["pid"] != os.getpid()
-    log = capfd.readouterr().out
     assert "the time budget of 0.1 min is spent" in log and f"{'soft' if labels else 'hard'} labels" in log
     # its snapshots at 0.05 min and at the end of the budget, each evaluated from its export
     assert [s["minutes"] for s in result["snapshots"]] == [0.05, 0.1]
@@ -41,7 +59,7 @@ def test_proof_tiny_drives_dflash_train_and_reports(tmp_path, capfd, labels):
         assert snap["checkpoint"] == str(out / "train" / "snapshots" / f"{snap['minutes']:g}min")
     assert result["snapshots"][-1]["step"] == read_metrics(out / "train")[-1]["step"]
     assert result["curve"] and result["curve"][-1]["step"] == result["snapshots"][-1]["step"]
-    table = open(tmp_path / "report" / "proof.md").read()
+    table = open(report / "proof.md").read()
     assert "| DFlash | 0.1 |" in table and "prompt lookup" in table and "trained by dflash-train" in table
     # both τ side by side in the table: the split's, then the other styles'
     assert "| τ | τ other styles |" in table
@@ -49,3 +67,42 @@ def test_proof_tiny_drives_dflash_train_and_reports(tmp_path, capfd, labels):
     assert f"| {last['eval']['tau']:.2f} | {last['eval_other_styles']['tau']:.2f} |" in table
     # the other-styles set was kept out of the training data (the check ran: nothing of it in the tiny chats)
     assert result["data"]["bad"].get("held_out", 0) == 0 and result["other_styles"].endswith("other_styles.jsonl")
+
+
+@pytest.mark.timeout(600)
+def test_warm_start_continues_from_the_export_and_refuses_another_shape(hard_proof, tmp_path, capsys):
+    driver = load_benchmark("proofs.proof_smollm2")
+    first = hard_proof[0]  # its snapshots' exports and checkpoints are only read here
+    a = json.load(open(first / "proof.json"))
+    export = a["snapshots"][-1]["export"]
+
+    # the export's weights (bf16 there) and the checkpoint's (fp32) are the same drafter
+    common = ["--tiny", "--target-model", str(first / "tiny_target"), "--prompts", str(first / "tiny_prompts.jsonl"),
+              "--device", "cpu", "--time-budget-min", "0.05", "--log-interval", "1"]
+    _, _, cfg = driver.parse_args(common + ["--out", str(first)])
+    drafter_cfg = train.drafter_config_for(dataclasses.replace(cfg, mask_token_id=511))[2]
+    from_export = train.initial_weights(export, drafter_cfg)
+    from_ckpt = train.initial_weights(a["snapshots"][-1]["checkpoint"], drafter_cfg)
+    exported = load_file(os.path.join(export, "model.safetensors"))
+    assert set(from_export) == set(exported) == set(from_ckpt)
+    for k, v in exported.items():
+        assert torch.equal(from_export[k], v.float())
+        assert torch.equal(from_ckpt[k].to(torch.bfloat16), v)
+
+    second = tmp_path / "second"
+    assert driver.main(common + ["--out", str(second), "--init-drafter", export]) == 0
+    b = json.load(open(second / "proof.json"))
+    assert b["init_drafter"] == export and f"--init-drafter={export}" in b["train_command"]
+    # warm: its first step's loss is below the cold start's, on the same first batch
+    assert b["curve"][0]["step"] == a["curve"][0]["step"] == 1
+    assert b["curve"][0]["loss"] < 0.9 * a["curve"][0]["loss"]
+    assert b["snapshots"][0]["eval"]["lossless"]
+
+    capsys.readouterr()
+    third = tmp_path / "third"
+    assert driver.main(common + ["--out", str(third), "--init-drafter", export, "--block-size", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is another drafter (block_size 8 there, 4 here)" in err
+    assert os.listdir(third) == []  # no split, data or training
+    assert driver.main(common + ["--out", str(third), "--init-drafter", str(tmp_path)]) == 2
+    assert "is neither an export dir" in capsys.readouterr().err

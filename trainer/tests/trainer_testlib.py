@@ -24,6 +24,24 @@ def load_benchmark(name):
     return importlib.reload(importlib.import_module(name))
 
 
+def run_proof_logged(argv, log_path):
+    """The proof driver's main(argv) once, its output and its subprocesses' (dflash-train, the evaluation worker)
+    written to log_path: (exit status, the log's text). For a module-scoped fixture whose proof several tests read:
+    capfd sees only a test's own output."""
+    driver = load_benchmark("proofs.proof_smollm2")
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log_path, "w", buffering=1) as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        try:
+            rc = driver.main(argv)
+        finally:
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+    with open(log_path) as f:
+        return rc, f.read()
+
+
 def train_cmd(tiny, out_dir, *extra):
     """A fast dflash-train command line on the tiny fixtures (CPU)."""
     return [sys.executable, "-m", "dflash_trainer.cli", "--target-model", tiny["target"], "--data-dir", tiny["data"],
