@@ -29,10 +29,14 @@
 #                                   --regen-batch-size 2048 --regen-rows-per-shard 2048 --regen-budget-s 420
 #                                   (--eval-device cuda:0: an evaluation worker beside dflash-train on
 #                                   the same GPU; after training the baseline alone took ~520 s, PROOF.md
-#                                   run 12; every snapshot is also evaluated on the 78 other-styles prompts:
+#                                   run 12; beside training everything finished in the lease, at 27 % fewer
+#                                   training steps, PROOF.md run 13; every snapshot is also evaluated on the
+#                                   78 other-styles prompts:
 #                                   --num-other-styles N evaluates fewer, PROOF.md "Two held-out sets")
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*)
+# (launch spends ~40 s joining and converting the GGUF before it follows: WATCH_S=560 overran a 600 s call in
+# run 13, so keep WATCH_S <= 520)
 # Calls 3.. (within 30 s of the last): bash trainer/proofs/device_proof.sh watch [SECONDS]
 # Warm start (optional, between calls 1 and 2; carry .artifacts/dev-c holding the init.tar.part-* that the
 # last watch of an earlier session sent): bash trainer/proofs/device_proof.sh stash-init, then launch
@@ -144,7 +148,7 @@ launch)
             "${b_flags[@]}" > "$S/proof-b.log" 2>&1 < /dev/null &
         echo "proof B waits for the data (pid $!): $PROOF_B"
     fi
-    watch_proof "${WATCH_S:-540}"
+    watch_proof "${WATCH_S:-520}"
     ;;
 watch)
     watch_proof "${2:-540}"
