@@ -6,18 +6,20 @@ attention of one forward at the target's shape, timed per SDPA backend, against 
 
 The shape is target_forward.py's preset (one declaration). Each backend runs twice: with `enable_gqa` (the 4 KV heads
 as they are: what transformers passes when there is no mask) and with the KV heads repeated to the query heads
-(transformers' repeat_kv, what runs with a mask). A backend that refuses the inputs is a row saying so. FLOP: 4 x
-heads x head_dim x B x T(T+1)/2 (causal: QK^T and PV, 2 FLOP per multiply-add), the figure target_forward.py counts
-for a full-attention layer's attention.
+(transformers' repeat_kv, what runs with a mask). A backend that refuses the inputs is a row saying so. FLOP:
+layer_kinds.layer_flop's attention term, 4 x heads x head_dim x B x T(T+1)/2 (causal: QK^T and PV, 2 FLOP per
+multiply-add), which target_forward.py counts for a full-attention layer's attention.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 
+from .layer_kinds import layer_flop
 from .matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
 from .target_forward import PRESETS
 from .timing import timed_calls
@@ -35,11 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def attention_flop(shape: dict) -> float:
-    B, T = shape["batch"], shape["seq_len"]
-    return 4 * shape["heads"] * shape["head_dim"] * B * T * (T + 1) / 2
-
-
 def time_backend(torch, backend: str, gqa: bool, shape: dict, device, dtype):
     """(seconds of one causal attention: the median of the preset's steps, its output), or the backend's refusal as
     a string."""
@@ -53,7 +50,6 @@ def time_backend(torch, backend: str, gqa: bool, shape: dict, device, dtype):
     F = torch.nn.functional
 
     def call(_i):
-        import contextlib
         chosen = contextlib.nullcontext() if backend == "default" else sdpa_kernel(getattr(SDPBackend, backend))
         with chosen, torch.no_grad():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
@@ -72,7 +68,7 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     peak = measure_peak(device, PEAK_N[device.type])
     print(f"peak: {describe(peak)}")
-    flop = attention_flop(shape)
+    flop = layer_flop(shape, "full_attention", 0)  # a full-attention layer's FLOP less its parameters' share
     print(f"shape: {shape['batch']} x {shape['seq_len']} tokens, {shape['heads']} query / {shape['kv_heads']} KV "
           f"heads x {shape['head_dim']}, causal, {str(dtype).replace('torch.', '')}; {flop / 1e12:.3f} TFLOP per call")
     rows, first = [], None
@@ -89,9 +85,9 @@ def main(argv=None) -> int:
                             "max_abs_diff": (out.float() - first.float()).abs().max().item()})
                 del out
             rows.append(row)
-    timed = [r for r in rows if "ms" in r]
-    reference = min((r["ms"] for r in timed if r["backend"] == timed[0]["backend"]), default=None)
-    print(f"\n| backend | KV heads | ms | TFLOP/s | share of peak | time / {timed[0]['backend']}'s best | "
+    measured = [r for r in rows if "ms" in r]
+    reference = min(r["ms"] for r in measured if r["backend"] == measured[0]["backend"])
+    print(f"\n| backend | KV heads | ms | TFLOP/s | share of peak | time / {measured[0]['backend']}'s best | "
           f"max abs diff to the first row's output |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
