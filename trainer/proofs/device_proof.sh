@@ -69,10 +69,10 @@ watch_proof() {
         cp "$S/report-b/proof.json" "$OUT/proof-b.json" 2>/dev/null
     fi
     # The regenerated data comes back once, for a later session: one tar (data/, with every device's
-    # part), in pieces of 15 MiB ($OUT takes at most 8 files of at most 16 MiB each). Join them there with
+    # part and the synthesized prompts' answers), in pieces of 15 MiB ($OUT takes at most 8 files of at most
+    # 16 MiB each), once the proof has logged its data (all of it made). Join them there with
     # `cat data.tar.part-* > data.tar` into the folder `stash` carries.
-    if [ ! -f "$S/data.tar.sent" ] && { [ -f "$S/proof/data/stats.json" ] ||
-                                        ls "$S"/proof/data/part-*/stats.json > /dev/null 2>&1; }; then
+    if [ ! -f "$S/data.tar.sent" ] && grep -q "\] data: " "$S/proof.log" 2>/dev/null; then
         tar -C "$S/proof" -cf - data | split -b 15M - "$OUT/data.tar.part-" && touch "$S/data.tar.sent"
         ls -la "$OUT"/data.tar.part-*
     fi

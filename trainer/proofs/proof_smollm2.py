@@ -20,6 +20,8 @@ Steps (each writes into --out; proof.json and proof.md are rewritten while train
   a) the prompts are split: the last --num-eval rows after a seeded shuffle (--seed) are held out for evaluation;
   b) dflash-prepare-data --regenerate answers the others with the target (batched generate, time-capped
      by --regen-budget-s) into parquet shards, one preparation per regeneration device;
+     With --synthesize-prompts N, dflash-synthesize-prompts first has the target write N prompts of its own
+     (kept apart from both held-out sets), answered the same way and trained on beside the others;
   c) dflash-train --output-dir OUT/train --time-budget-min M --snapshot-minutes ...: one run whose learning rate
      and noise follow the training time over the budget; it keeps a checkpoint at each snapshot minute and at
      the end of the budget (OUT/train/snapshots/<M>min, listed in OUT/train/snapshots.jsonl);
@@ -50,6 +52,7 @@ from dflash_trainer import cli
 from dflash_trainer.config import find_mask_token_id
 from dflash_trainer.prep.heldout import OTHER_STYLES, load_prompts
 from dflash_trainer.prep.prepare_data import add_regeneration_flags, check_regeneration, prepare
+from dflash_trainer.prep.synthesize import synthesize_prompts
 
 from . import proof_eval, proof_report
 
@@ -105,14 +108,33 @@ def write_split(path: str, lines: list[str], shared: bool) -> None:
         f.write(text)
 
 
+def regen_kwargs(args, cfg, shared: bool) -> dict:
+    """prepare()'s settings for every regeneration of this proof."""
+    return dict(max_seq_len=cfg.max_seq_len, rows_per_shard=args.regen_rows_per_shard, regenerate=True,
+                temperature=args.temperature, max_new_tokens=args.regen_max_new_tokens,
+                batch_size=args.regen_batch_size, engine="transformers", seed=cfg.seed,
+                time_budget_s=-1.0 if shared else args.regen_budget_s, progress=False,  # shared: read only
+                held_out=(args.other_styles,))  # refused from the training data (the trainer's own set always is)
+
+
+def link_shards(shards: dict[str, str], joined: str) -> None:
+    """`joined` as a folder of links, one per (name -> shard path), remade only when it holds other links."""
+    links = {name: os.path.relpath(os.path.realpath(path), os.path.realpath(joined)) for name, path in shards.items()}
+    if not os.path.isdir(joined) or {n: os.readlink(os.path.join(joined, n)) for n in os.listdir(joined)} != links:
+        shutil.rmtree(joined, ignore_errors=True)
+        os.makedirs(joined)
+        for name, to in links.items():
+            os.symlink(to, os.path.join(joined, name))
+
+
+def parquet_shards(folder: str) -> list[str]:
+    return sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".parquet"))
+
+
 def regenerate(args, cfg, train_prompts: str, out: str, devices: list[str], shared: bool) -> tuple[str, dict]:
     """The training data dir and its stats: one preparation per device (in parallel processes), each on a
     round-robin share of the prompts, gathered into one folder of links for TokenizedDataset."""
-    kw = dict(max_seq_len=cfg.max_seq_len, rows_per_shard=args.regen_rows_per_shard, regenerate=True,
-              temperature=args.temperature, max_new_tokens=args.regen_max_new_tokens,
-              batch_size=args.regen_batch_size, engine="transformers", seed=cfg.seed,
-              time_budget_s=-1.0 if shared else args.regen_budget_s, progress=False,  # shared: read only
-              held_out=(args.other_styles,))  # refused from the training data (the trainer's own set always is)
+    kw = regen_kwargs(args, cfg, shared)
     data_dir = os.path.join(out, "data")
     if len(devices) == 1:
         return data_dir, prepare(cfg.target_model, [train_prompts], data_dir, device=devices[0], **kw)
@@ -129,13 +151,8 @@ def regenerate(args, cfg, train_prompts: str, out: str, devices: list[str], shar
                    for i, (part, d) in enumerate(zip(parts, devices))]
         part_stats = [f.result() for f in futures]
     joined = os.path.join(data_dir, "all")
-    links = {f"part{i}-{name}": os.path.join("..", f"part-{i}", name) for i in range(len(devices))
-             for name in os.listdir(os.path.join(data_dir, f"part-{i}")) if name.endswith(".parquet")}
-    if not os.path.isdir(joined) or {n: os.readlink(os.path.join(joined, n)) for n in os.listdir(joined)} != links:
-        shutil.rmtree(joined, ignore_errors=True)
-        os.makedirs(joined)
-        for name, to in links.items():
-            os.symlink(to, os.path.join(joined, name))
+    link_shards({f"part{i}-{os.path.basename(path)}": path for i in range(len(devices))
+                 for path in parquet_shards(os.path.join(data_dir, f"part-{i}"))}, joined)
     stats = {k: sum(st[k] for st in part_stats) for k in part_stats[0] if isinstance(part_stats[0][k], int)
              and not isinstance(part_stats[0][k], bool)}
     stats["bad"] = {}
@@ -144,6 +161,24 @@ def regenerate(args, cfg, train_prompts: str, out: str, devices: list[str], shar
             stats["bad"][reason] = stats["bad"].get(reason, 0) + n
     stats.update(complete=all(st["complete"] for st in part_stats), devices=devices)
     return joined, stats
+
+
+def add_synthesized(args, cfg, out: str, data_dir: str, stats: dict, eval_prompts: str, device: str,
+                    shared: bool) -> tuple[str, dict]:
+    """--synthesize-prompts N: prompts the target writes itself (dflash-synthesize-prompts, its defaults but the
+    batch), kept apart from both held-out sets, answered like the others (its own preparation, data/synth) and
+    trained on beside them (data/with-synth: links to both preparations' shards). Returns (data dir, stats)."""
+    prompts = os.path.join(out, "data", "synth-prompts.jsonl")
+    synth = synthesize_prompts(cfg.target_model, prompts, args.synthesize_prompts, batch_size=args.regen_batch_size,
+                               device=device, seed=cfg.seed, held_out=(args.other_styles, eval_prompts),
+                               time_budget_s=args.regen_budget_s, reuse_only=shared, log=log)
+    log(f"synthesized prompts: {json.dumps(synth)}")
+    synth_dir = os.path.join(out, "data", "synth")
+    answered = prepare(cfg.target_model, [prompts], synth_dir, device=device, **regen_kwargs(args, cfg, shared))
+    joined = os.path.join(out, "data", "with-synth")
+    link_shards({**{os.path.basename(p): p for p in parquet_shards(data_dir)},
+                 **{f"synth-{os.path.basename(p)}": p for p in parquet_shards(synth_dir)}}, joined)
+    return joined, dict(stats, synthesized={"prompts": synth, "data": answered})
 
 
 def cpu_share(processes: int) -> int:
@@ -205,7 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-other-styles", type=int, default=None,
                    help="evaluate only the first N of them (default all)")
     g.add_argument("--eval-max-new-tokens", type=int, default=192)
-    g.add_argument("--regen-budget-s", type=float, default=120.0, help="stop starting new shards after this")
+    g.add_argument("--regen-budget-s", type=float, default=120.0,
+                   help="stop starting new shards (and new synthesis batches) after this")
+    g.add_argument("--synthesize-prompts", type=int, default=0, metavar="N",
+                   help="also train on N prompts the target writes itself (dflash-synthesize-prompts with its "
+                        "defaults, batch --regen-batch-size), never on either held-out set (default 0: none)")
     g.add_argument("--data-root", default=None,
                    help="where the prompt split and the regenerated data live (default --out); a second proof "
                         "given the first one's --out reuses its data (prepare-data's fingerprint checks that "
@@ -251,6 +290,8 @@ def parse_args(argv):
         check_regeneration(args, prefix="regen-")
     except ValueError as e:
         p.error(str(e))
+    if args.synthesize_prompts < 0:
+        p.error("--synthesize-prompts must be 0 (none) or more")
     if args.num_other_styles is not None and args.num_other_styles < 1:
         p.error("--num-other-styles must be at least 1 (leave it out for all)")
     try:
@@ -348,7 +389,10 @@ def run(args, train_argv: list[str], cfg) -> int:
     shared = data_root != out
     train_prompts, eval_prompts, n_train = split_prompts(args.prompts, data_root, args.num_eval, cfg.seed, shared)
     log(f"{n_train} training prompts, {args.num_eval} held out; mask token {mask_id} from {mask_src}")
-    data_dir, stats = regenerate(args, cfg, train_prompts, data_root, args.regen_devices or [str(device)], shared)
+    regen_devices = args.regen_devices or [str(device)]
+    data_dir, stats = regenerate(args, cfg, train_prompts, data_root, regen_devices, shared)
+    if args.synthesize_prompts:
+        data_dir, stats = add_synthesized(args, cfg, data_root, data_dir, stats, eval_prompts, regen_devices[0], shared)
     stage["regenerate_s"] = round(time.time() - t, 1)
     log(f"data: {json.dumps(stats)}")
     if device.type == "cuda" and torch.cuda.is_initialized():  # only if this process generated (no new context)

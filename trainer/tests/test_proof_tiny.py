@@ -34,7 +34,8 @@ def hard_proof(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("labels", [[], ["--use-soft-labels"]], ids=["hard", "soft"])
+# the soft-label proof also trains on prompts the tiny target writes itself (--synthesize-prompts)
+@pytest.mark.parametrize("labels", [[], ["--use-soft-labels", "--synthesize-prompts", "16"]], ids=["hard", "soft"])
 def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
     out, report, log = request.getfixturevalue("hard_proof") if not labels else tiny_proof(tmp_path, labels)
     result = json.load(open(report / "proof.json"))
@@ -67,6 +68,22 @@ def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
     assert f"| {last['eval']['tau']:.2f} | {last['eval_other_styles']['tau']:.2f} |" in table
     # the other-styles set was kept out of the training data (the check ran: nothing of it in the tiny chats)
     assert result["data"]["bad"].get("held_out", 0) == 0 and result["other_styles"].endswith("other_styles.jsonl")
+    synth = result["data"].get("synthesized")
+    if not labels:
+        assert synth is None and result["train_command"][result["train_command"].index("--data-dir") + 1] == \
+            str(out / "data")
+        return
+    # the synthesized prompts: answered like the others, trained on beside them (one folder of links to both)
+    assert 1 <= synth["prompts"]["kept"] == synth["data"]["num_input_rows"] <= 16
+    data_dir = out / "data" / "with-synth"
+    assert result["train_command"][result["train_command"].index("--data-dir") + 1] == str(data_dir)
+    shards = sorted(os.listdir(data_dir))
+    both = [*(out / "data").glob("*.parquet"), *(out / "data" / "synth").glob("*.parquet")]
+    assert {os.path.realpath(data_dir / n) for n in shards} == {os.path.realpath(p) for p in both}
+    assert f"{result['data']['num_rows_written'] + synth['data']['num_rows_written']} sequences" in log
+    held = {json.loads(line)["messages"][0]["content"] for line in open(out / "eval_prompts.jsonl")}
+    synthesized = {json.loads(line)["messages"][0]["content"] for line in open(out / "data" / "synth-prompts.jsonl")}
+    assert synthesized and not held & synthesized
 
 
 @pytest.mark.timeout(600)
