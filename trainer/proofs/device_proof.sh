@@ -33,6 +33,8 @@
 #                                   training steps, PROOF.md run 13; every snapshot is also evaluated on the
 #                                   78 other-styles prompts:
 #                                   --num-other-styles N evaluates fewer, PROOF.md "Two held-out sets")
+#                                   --synthesize-prompts N also trains on N prompts SmolLM2 writes
+#                                   itself (PROOF.md run 14: 10,000 in ~65 s with their answers);
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*)
 # (launch spends ~40 s joining and converting the GGUF before it follows: WATCH_S=560 overran a 600 s call in
