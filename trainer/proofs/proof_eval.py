@@ -31,6 +31,7 @@ import torch
 
 from dflash_trainer.eval.prompt_progress import PromptProgress
 from dflash_trainer.eval.evaluate import eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target
+from dflash_trainer.eval.workers import DecodePool
 from dflash_trainer.export.exporter import export_checkpoint
 from dflash_trainer.telemetry.heartbeat import write_json_atomic  # a reader (the driver) never sees half a file
 from dflash_trainer.telemetry.writers import read_jsonl  # the snapshots.jsonl dflash-train appends to
@@ -96,12 +97,18 @@ def merge(out: str, results: dict) -> None:
 
 
 class Evaluator:
-    """The target in float32 on one device, the prompts of each set, and their greedy references."""
+    """The target in float32 on one device, the prompts of each set, and their greedy references; with
+    settings' "workers" > 1 (the proof's --eval-workers) the decoding runs in that many processes on the device
+    (dflash_trainer.eval.workers: the same figures, sooner). close() ends them."""
 
     def __init__(self, out: str, device: torch.device, log):
         self.out, self.device, self.log = out, device, log
         self.settings = _read_json(_path(out, "settings.json"))
         s = self.settings
+        workers = s.get("workers", 1)
+        self.pool = DecodePool(s["target"], device, torch.float32, workers) if workers > 1 else None
+        if self.pool is not None:
+            log(f"decoding in {workers} worker processes on {device}")
         self.model, tokenizer = load_target(s["target"], device, torch.float32)
         self.eos = eos_ids(s["target"], self.model, tokenizer)
         self.prompts = {name: load_prompts(s[path_key], tokenizer, s.get(count_key) if count_key else None)
@@ -112,7 +119,12 @@ class Evaluator:
     def _evaluate(self, name: str, **kw) -> dict:
         s = self.settings
         return evaluate(self.model, self.prompts[name], block_size=s["block_size"],
-                        max_new_tokens=s["max_new_tokens"], eos=self.eos, progress=PromptProgress(self.log), **kw)
+                        max_new_tokens=s["max_new_tokens"], eos=self.eos, progress=PromptProgress(self.log),
+                        pool=self.pool, **kw)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
     def baseline(self) -> None:
         if self.references is not None:
@@ -129,10 +141,12 @@ class Evaluator:
     def snapshot(self, snap: dict) -> None:
         export_dir = os.path.join(self.out, f"export-{snap['minutes']}min")
         export_checkpoint(snap["checkpoint"], self.settings["target"], export_dir, dtype="bfloat16")
-        drafter = load_drafter(export_dir, self.model, self.device, torch.float32)  # reloaded from the export
+        # reloaded from the export (by each worker process, with a pool)
+        drafter = load_drafter(export_dir, self.model, self.device, torch.float32) if self.pool is None else None
         figures = {}
         for name in SETS:
-            rep = self._evaluate(name, drafter=drafter, baseline=False, references=self.references[name])
+            rep = self._evaluate(name, drafter=drafter, drafter_path=export_dir, baseline=False,
+                                 references=self.references[name])
             figures[name] = rep["methods"]["dflash"]
             self.log(f"after {snap['minutes']} min ({snap['step']} steps), {name}:\n" + format_table(rep))
         write_json_atomic(_path(self.out, f"snapshot-{snap['step']}.json"),
@@ -150,31 +164,37 @@ def run_inline(out: str, device: torch.device, deadline_t: float | None, log) ->
     if base:  # the references were decoded there: the exact-match check needs the same device's numerics
         device = torch.device(base["device"])
     ev = Evaluator(out, device, log)
-    ev.baseline()
-    for i, snap in enumerate(pending):
-        if i > 0 and deadline_t is not None and time.time() > deadline_t:
-            log(f"deadline: {snap['minutes']} min snapshot not evaluated")
-            continue
-        ev.snapshot(snap)
+    try:
+        ev.baseline()
+        for i, snap in enumerate(pending):
+            if i > 0 and deadline_t is not None and time.time() > deadline_t:
+                log(f"deadline: {snap['minutes']} min snapshot not evaluated")
+                continue
+            ev.snapshot(snap)
+    finally:
+        ev.close()
 
 
 def run_worker(out: str, device: torch.device, deadline_t: float | None, log, poll_s: float = 0.5) -> None:
     """Alongside training: the baseline, then each snapshot as it is listed, until training is done. A look at the
     list every `poll_s` (a file read): the driver waits on this worker once training is over."""
     ev = Evaluator(out, device, log)
-    ev.baseline()
-    while True:
-        done = os.path.isfile(os.path.join(out, DONE))  # read before the list: no snapshot can be missed
-        pending = [s for s in listed_snapshots(out) if snapshot_result(out, s["step"]) is None]
-        if deadline_t is not None and time.time() > deadline_t:
-            log(f"deadline: {len(pending)} snapshot(s) left to the driver")
-            return
-        if pending:  # once training is over, the longest-trained first: a deadline then cuts the shortest
-            ev.snapshot(pending[-1] if done else pending[0])
-        elif done:
-            return
-        else:
-            time.sleep(poll_s)
+    try:
+        ev.baseline()
+        while True:
+            done = os.path.isfile(os.path.join(out, DONE))  # read before the list: no snapshot can be missed
+            pending = [s for s in listed_snapshots(out) if snapshot_result(out, s["step"]) is None]
+            if deadline_t is not None and time.time() > deadline_t:
+                log(f"deadline: {len(pending)} snapshot(s) left to the driver")
+                return
+            if pending:  # once training is over, the longest-trained first: a deadline then cuts the shortest
+                ev.snapshot(pending[-1] if done else pending[0])
+            elif done:
+                return
+            else:
+                time.sleep(poll_s)
+    finally:
+        ev.close()
 
 
 def main(argv=None) -> int:

@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-device", default=None,
                    help="evaluate on this device (e.g. cpu or cuda:1) while training; default: after training, on "
                         "--device")
+    g.add_argument("--eval-workers", type=int, default=1,
+                   help="decode the evaluation's prompts in this many processes on its device (dflash-eval "
+                        "--workers: the same figures, sooner; default 1)")
     g.add_argument("--eval-threads", type=int, default=None,
                    help="torch threads of a CPU evaluation worker (default: half the cores when training is on the "
                         "CPU too, else torch's own)")
@@ -290,6 +293,8 @@ def parse_args(argv):
         check_regeneration(args, prefix="regen-")
     except ValueError as e:
         p.error(str(e))
+    if args.eval_workers < 1:
+        p.error("--eval-workers must be at least 1")
     if args.synthesize_prompts < 0:
         p.error("--synthesize-prompts must be 0 (none) or more")
     if args.num_other_styles is not None and args.num_other_styles < 1:
@@ -405,7 +410,7 @@ def run(args, train_argv: list[str], cfg) -> int:
     proof_eval.write_settings(out, {"target": cfg.target_model, "eval_prompts": eval_prompts,
                                     "other_styles": os.path.abspath(args.other_styles),
                                     "num_other_styles": args.num_other_styles, "block_size": cfg.block_size,
-                                    "max_new_tokens": args.eval_max_new_tokens})
+                                    "max_new_tokens": args.eval_max_new_tokens, "workers": args.eval_workers})
     command = [sys.executable, "-m", "dflash_trainer.cli", "--target-model", cfg.target_model, "--data-dir", data_dir,
                "--output-dir", cfg.output_dir, "--mask-token-id", str(mask_id), *train_argv]
     results = {"target": cfg.target_model, "block_size": cfg.block_size, "layers": cfg.num_draft_layers,

@@ -85,3 +85,21 @@ def test_plan_free_attention_changes_sdpa_only_for_cuda():
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def test_workers_give_the_same_report_as_one_process(tiny, drafter_dirs, tmp_path):
+    """--workers 2: the prompts decoded in two processes, every figure but the times the same as in one."""
+    one = run_eval(tiny, drafter_dirs["export"], drafter_dirs["prompts"], tmp_path / "one.json")
+    two = run_eval(tiny, drafter_dirs["export"], drafter_dirs["prompts"], tmp_path / "two.json", "--workers", "2")
+    assert two["workers"] == 2 and two["references"] == one["references"]
+    timing = ("wall_s", "tokens_per_s")
+    for name in ("dflash", "prompt_lookup_n3"):
+        a, b = ({k: v for k, v in r["methods"][name].items() if k not in timing} for r in (one, two))
+        assert a == b and b["lossless"] and b["num_steps"] > 0
+    assert two["target_only"]["num_new_tokens"] == one["target_only"]["num_new_tokens"]
+
+
+def test_workers_below_one_are_refused(tiny, drafter_dirs, capsys):
+    assert main(["--target-model", tiny["target"], "--prompts", drafter_dirs["prompts"], "--device", "cpu",
+                 "--workers", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "dflash-eval: error: --workers must be at least 1"

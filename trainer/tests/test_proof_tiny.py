@@ -34,8 +34,10 @@ def hard_proof(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-# the soft-label proof also trains on prompts the tiny target writes itself (--synthesize-prompts)
-@pytest.mark.parametrize("labels", [[], ["--use-soft-labels", "--synthesize-prompts", "16"]], ids=["hard", "soft"])
+# the soft-label proof also trains on prompts the tiny target writes itself (--synthesize-prompts) and decodes
+# its evaluation in two processes (--eval-workers)
+@pytest.mark.parametrize("labels", [[], ["--use-soft-labels", "--synthesize-prompts", "16", "--eval-workers", "2"]],
+                         ids=["hard", "soft"])
 def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
     out, report, log = request.getfixturevalue("hard_proof") if not labels else tiny_proof(tmp_path, labels)
     result = json.load(open(report / "proof.json"))
@@ -68,6 +70,7 @@ def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
     assert f"| {last['eval']['tau']:.2f} | {last['eval_other_styles']['tau']:.2f} |" in table
     # the other-styles set was kept out of the training data (the check ran: nothing of it in the tiny chats)
     assert result["data"]["bad"].get("held_out", 0) == 0 and result["other_styles"].endswith("other_styles.jsonl")
+    assert ("decoding in 2 worker processes on cpu" in log) == bool(labels)
     synth = result["data"].get("synthesized")
     if not labels:
         assert synth is None and result["train_command"][result["train_command"].index("--data-dir") + 1] == \

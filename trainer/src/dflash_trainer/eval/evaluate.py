@@ -16,6 +16,8 @@ Reported per method: τ = mean (accepted + 1) per verification step, the histogr
 per-slot acceptance, new tokens per target forward (prefill counted), wall time, and losslessness:
 prompts whose output differs from the reference, with the first differing position.
 Exit status 0 also when outputs differ (the report says so); 2 for bad flags or inputs.
+--workers K decodes K prompts at once in K processes on the device (eval/workers.py): the same figures, faster for
+a small target whose one-at-a-time decoding is bound by the host; tok/s is then per stream.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from dflash_trainer.eval.prompt_progress import PromptProgress, each
 from dflash_trainer.eval.decode_attention import use_plan_free_attention
 from dflash_trainer.prep.chat_tokens import prompt_messages
+from dflash_trainer.eval.workers import DecodePool
 from dflash_trainer.eval.spec_decode import (DFlashProposer, PromptLookupProposer, reference_greedy,
                                         speculative_decode, summarize)
 
@@ -130,10 +133,20 @@ def check_lossless(outputs: list[list[int]], references: list[list[int]]) -> dic
             "mismatches": mismatches}
 
 
+def decode_all(model, prompts, spec, local, block_size, max_new_tokens, eos, progress, label, pool=None) -> list:
+    """Every prompt's DecodeResult, in order: `local(prompt)` in this process, or through `pool` (workers.py),
+    which decodes by `spec` (None: the reference; ("prompt_lookup", n); ("dflash", path))."""
+    if pool is None:
+        return [local(p) for p in each(progress, label, prompts)]
+    results = pool.decode(spec, prompts, block_size, max_new_tokens, eos)
+    return [r for _, r in zip(each(progress, label, prompts), results)]  # progress after each result
+
+
 def run_method(model, prompts, proposer, block_size, max_new_tokens, eos, references, progress=None,
-               label: str = "decode") -> dict:
-    results = [speculative_decode(model, p, proposer, block_size, max_new_tokens, eos)
-               for p in each(progress, label, prompts)]
+               label: str = "decode", pool=None, spec=None) -> dict:
+    results = decode_all(model, prompts, spec,
+                         lambda p: speculative_decode(model, p, proposer, block_size, max_new_tokens, eos),
+                         block_size, max_new_tokens, eos, progress, label, pool)
     summary = summarize(results, block_size)
     summary.update(check_lossless([r.tokens for r in results], references))
     return summary
@@ -141,13 +154,18 @@ def run_method(model, prompts, proposer, block_size, max_new_tokens, eos, refere
 
 def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, max_new_tokens: int,
              eos: set[int], ngram: int = 3, baseline: bool = True, references=None,
-             progress: PromptProgress | None = None) -> dict:
+             progress: PromptProgress | None = None, pool=None, drafter_path: str | None = None) -> dict:
     """The report dict; `references` (a previous report's) skips recomputing the greedy decodes; `progress`
-    reports each prompt of each method (prompt_progress.py)."""
+    reports each prompt of each method (prompt_progress.py). With a `pool` (workers.py) the decoding runs in its
+    processes, which load the drafter from `drafter_path` (`drafter` is then not used)."""
+    if pool is not None and drafter is not None and drafter_path is None:
+        raise ValueError("decoding in worker processes needs the drafter's path (drafter_path)")
+    with_drafter = drafter is not None or (pool is not None and drafter_path is not None)
     report = {"block_size": block_size, "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
               "methods": {}}
     if references is None:
-        refs = [reference_greedy(model, p, max_new_tokens, eos) for p in each(progress, "target only", prompts)]
+        refs = decode_all(model, prompts, None, lambda p: reference_greedy(model, p, max_new_tokens, eos),
+                          block_size, max_new_tokens, eos, progress, "target only", pool)
         wall = sum(r.wall_s for r in refs)
         n_tok = sum(len(r.tokens) for r in refs)
         report["target_only"] = {"num_new_tokens": n_tok, "wall_s": round(wall, 3),
@@ -155,13 +173,14 @@ def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, 
                                  "tokens_per_target_forward": 1.0}
         references = [r.tokens for r in refs]
     report["references"] = references
-    if drafter is not None:
-        report["methods"]["dflash"] = run_method(model, prompts, DFlashProposer(drafter), block_size,
-                                                 max_new_tokens, eos, references, progress, "dflash")
+    if with_drafter:
+        proposer = DFlashProposer(drafter) if pool is None else None
+        report["methods"]["dflash"] = run_method(model, prompts, proposer, block_size, max_new_tokens, eos,
+                                                 references, progress, "dflash", pool, ("dflash", drafter_path))
     if baseline:
-        report["methods"][f"prompt_lookup_n{ngram}"] = run_method(model, prompts, PromptLookupProposer(ngram),
-                                                                  block_size, max_new_tokens, eos, references,
-                                                                  progress, f"prompt_lookup_n{ngram}")
+        report["methods"][f"prompt_lookup_n{ngram}"] = run_method(
+            model, prompts, PromptLookupProposer(ngram), block_size, max_new_tokens, eos, references, progress,
+            f"prompt_lookup_n{ngram}", pool, ("prompt_lookup", ngram))
     return report
 
 
@@ -206,8 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     add_decoding_args(p)
     p.add_argument("--ngram", type=int, default=3, help="longest n-gram the prompt-lookup baseline matches")
     p.add_argument("--no-baseline", action="store_true")
+    p.add_argument("--workers", type=int, default=1,
+                   help="decoding processes on the device, each with its own copy of the target and drafter "
+                        "(eval/workers.py: same figures, tok/s per stream; for small targets)")
     args = p.parse_args(argv)
     try:
+        if args.workers < 1:
+            raise ValueError("--workers must be at least 1")
         device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
         if not os.path.isfile(os.path.join(args.target_model, "config.json")):
@@ -219,14 +243,20 @@ def main(argv: list[str] | None = None) -> int:
         if block < 2:
             raise ValueError("--block-size must be at least 2")
         prompts = load_prompts(args.prompts, tokenizer, args.num_prompts)
-        report = evaluate(model, prompts, drafter=drafter, block_size=block, max_new_tokens=args.max_new_tokens,
-                          eos=eos_ids(args.target_model, model, tokenizer), ngram=args.ngram,
-                          baseline=not args.no_baseline, progress=PromptProgress())
+        pool = DecodePool(args.target_model, device, dtype, args.workers) if args.workers > 1 else None
+        try:
+            report = evaluate(model, prompts, drafter=drafter, block_size=block,
+                              max_new_tokens=args.max_new_tokens, eos=eos_ids(args.target_model, model, tokenizer),
+                              ngram=args.ngram, baseline=not args.no_baseline, progress=PromptProgress(),
+                              pool=pool, drafter_path=args.drafter)
+        finally:
+            if pool is not None:
+                pool.close()
     except (ValueError, OSError) as e:
         print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     report.update({"target_model": args.target_model, "drafter": args.drafter, "device": str(device),
-                   "dtype": args.dtype, "elapsed_s": round(time.time() - t0, 1)})
+                   "dtype": args.dtype, "workers": args.workers, "elapsed_s": round(time.time() - t0, 1)})
     if drafter is not None:
         report["drafter_config"] = drafter.cfg.to_dict()
     print(format_table(report))
