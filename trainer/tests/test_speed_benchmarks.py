@@ -198,3 +198,13 @@ def test_sdpa_backends_times_each_kv_form_and_reports_a_refusing_backend(tmp_pat
     # a backend that does not take these inputs (cuDNN on the CPU) is a refusal, not a crash
     refused = sdpa.time_backend(torch, "CUDNN_ATTENTION", True, shape, torch.device("cpu"), torch.float32)
     assert isinstance(refused, str) and refused
+
+
+def test_eval_workers_times_each_process_count_against_one_with_the_same_figures(tmp_path, capsys):
+    bench = load_benchmark("benchmarks.eval_workers")
+    assert bench.main(["--device", "cpu", "--workers", "1,2", "--out", str(tmp_path / "ew.json")]) == 0
+    rows = json.load(open(tmp_path / "ew.json"))["rows"]
+    assert [r["workers"] for r in rows] == [1, 2] and rows[0]["speedup"] == 1.0
+    assert all(r["seconds"] > 0 and r["same_figures"] and r["lossless"] and r["num_steps"] > 0 for r in rows)
+    assert "| 2 |" in capsys.readouterr().out
+    assert bench.main(["--device", "cpu", "--workers", "0"]) == 2
