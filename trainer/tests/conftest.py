@@ -67,3 +67,15 @@ def tiny(tmp_path_factory):
     write_target(target, seed=0)
     write_dataset(data, num_sequences=96, seed=0)
     return {"target": target, "data": data}
+
+
+@pytest.fixture(scope="module")
+def chat_target(tiny, tmp_path_factory):
+    """The tiny Qwen3 target plus the tiny tokenizer (ChatML template), in a directory of its own."""
+    import shutil
+
+    from dflash_trainer.prep.tiny_tokenizer import save_tokenizer
+    d = tmp_path_factory.mktemp("chat_target") / "target"
+    shutil.copytree(tiny["target"], d)
+    save_tokenizer(str(d))
+    return str(d)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pyarrow.parquet as pq
 import pytest
 
 from dflash_trainer.data.batches import TokenizedDataset
 from dflash_trainer.prep.prepare_data import main, prepare
-from dflash_trainer.prep.tiny_tokenizer import save_tokenizer, synthetic_chats
+from dflash_trainer.prep.tiny_tokenizer import synthetic_chats
 
 
 @pytest.fixture(autouse=True)
@@ -20,15 +19,6 @@ def no_hub(monkeypatch):
     import datasets
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def chat_target(tiny, tmp_path_factory):
-    """The tiny Qwen3 target plus the tiny tokenizer, in a directory of its own."""
-    d = tmp_path_factory.mktemp("chat_target") / "target"
-    shutil.copytree(tiny["target"], d)
-    save_tokenizer(str(d))
-    return str(d)
 
 
 def write_jsonl(path, rows):

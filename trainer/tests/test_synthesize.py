@@ -7,26 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 from transformers import AutoTokenizer
 
-from dflash_trainer.prep.heldout import words
+from dflash_trainer.prep.heldout import HeldOut, words
 from dflash_trainer.prep.synthesize import PromptFilter, main, pre_query_ids, synthesize_prompts
-from dflash_trainer.prep.heldout import HeldOut
-from dflash_trainer.prep.tiny_tokenizer import save_tokenizer
 
 # the tiny target writes a whole prompt (an end-of-turn within 128 tokens) in about 1 sample of 16
 TINY = dict(batch_size=64, max_attempts=128, seed=0, log=lambda *_: None)
-
-
-@pytest.fixture(scope="module")
-def chat_target(tiny, tmp_path_factory):
-    d = tmp_path_factory.mktemp("synth_target") / "target"
-    shutil.copytree(tiny["target"], d)
-    save_tokenizer(str(d))
-    return str(d)
 
 
 def read_prompts(path):
