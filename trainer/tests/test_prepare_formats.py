@@ -16,7 +16,7 @@ import pytest
 
 from dflash_trainer.prep.prepare_data import main, prepare
 
-from test_prepare_data import chat_target, no_hub, read_rows  # noqa: F401 - fixtures
+from test_prepare_data import no_hub, read_rows  # noqa: F401 - fixtures
 from trainer_testlib import train_cmd
 
 SYSTEM = "you are a helpful tiny model"
