@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
-    from dflash_trainer.eval.evaluate import evaluate, load_target
+    from dflash_trainer.eval.evaluate import evaluate, load_drafter, load_target
     from dflash_trainer.eval.workers import DecodePool
 
     from .matmul_peak import benchmark_device
@@ -102,7 +102,6 @@ def main(argv=None) -> int:
                              references=[r[:2] for r in references[:k]])
                 t0 = time.perf_counter()
                 if pool is None:
-                    from dflash_trainer.eval.evaluate import load_drafter
                     drafter = load_drafter(export, model, device, torch.float32)
                     report = evaluate(model, prompts, drafter=drafter, references=references, **common)
                 else:

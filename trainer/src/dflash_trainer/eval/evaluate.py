@@ -133,7 +133,7 @@ def check_lossless(outputs: list[list[int]], references: list[list[int]]) -> dic
             "mismatches": mismatches}
 
 
-def decode_all(model, prompts, spec, local, block_size, max_new_tokens, eos, progress, label, pool=None) -> list:
+def decode_all(prompts, spec, local, block_size, max_new_tokens, eos, progress, label, pool=None) -> list:
     """Every prompt's DecodeResult, in order: `local(prompt)` in this process, or through `pool` (workers.py),
     which decodes by `spec` (None: the reference; ("prompt_lookup", n); ("dflash", path))."""
     if pool is None:
@@ -144,7 +144,7 @@ def decode_all(model, prompts, spec, local, block_size, max_new_tokens, eos, pro
 
 def run_method(model, prompts, proposer, block_size, max_new_tokens, eos, references, progress=None,
                label: str = "decode", pool=None, spec=None) -> dict:
-    results = decode_all(model, prompts, spec,
+    results = decode_all(prompts, spec,
                          lambda p: speculative_decode(model, p, proposer, block_size, max_new_tokens, eos),
                          block_size, max_new_tokens, eos, progress, label, pool)
     summary = summarize(results, block_size)
@@ -164,7 +164,7 @@ def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, 
     report = {"block_size": block_size, "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
               "methods": {}}
     if references is None:
-        refs = decode_all(model, prompts, None, lambda p: reference_greedy(model, p, max_new_tokens, eos),
+        refs = decode_all(prompts, None, lambda p: reference_greedy(model, p, max_new_tokens, eos),
                           block_size, max_new_tokens, eos, progress, "target only", pool)
         wall = sum(r.wall_s for r in refs)
         n_tok = sum(len(r.tokens) for r in refs)

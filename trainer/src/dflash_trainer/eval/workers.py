@@ -24,8 +24,7 @@ _STATE: dict = {}
 def _start(target_dir: str, device: str, dtype: str, threads: int) -> None:
     from .evaluate import load_target
     torch.set_num_threads(threads)
-    _STATE.update(target_dir=target_dir, device=torch.device(device), dtype=getattr(torch, dtype), drafter=None,
-                  drafter_path=None)
+    _STATE.update(device=torch.device(device), dtype=getattr(torch, dtype), drafter=None, drafter_path=None)
     _STATE["model"], _ = load_target(target_dir, _STATE["device"], _STATE["dtype"])
 
 
