@@ -36,7 +36,7 @@
 #                                   --eval-workers 4 decodes the evaluation in 4 processes (2.6x
 #                                   sooner alone, PROOF.md "Evaluation in several processes");
 #                                   --synthesize-prompts N also trains on N prompts SmolLM2 writes
-#                                   itself (PROOF.md run 14: 10,000 in ~65 s with their answers);
+#                                   itself (PROOF.md run 14: 10,000 in ~90 s with their answers);
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*)
 # (launch spends ~40 s joining and converting the GGUF before it follows: WATCH_S=560 overran a 600 s call in
