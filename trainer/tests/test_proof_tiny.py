@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainer_testlib import load_benchmark, read_heartbeat, read_metrics, run_proof_logged
-from dflash_trainer.loop import train
+from dflash_trainer.loop import starting_weights, train
 
 
 def tiny_proof(root, labels):
@@ -101,8 +101,8 @@ def test_warm_start_continues_from_the_export_and_refuses_another_shape(hard_pro
               "--device", "cpu", "--time-budget-min", "0.05", "--log-interval", "1"]
     _, _, cfg = driver.parse_args(common + ["--out", str(first)])
     drafter_cfg = train.drafter_config_for(dataclasses.replace(cfg, mask_token_id=511))[2]
-    from_export = train.initial_weights(export, drafter_cfg)
-    from_ckpt = train.initial_weights(a["snapshots"][-1]["checkpoint"], drafter_cfg)
+    from_export = starting_weights.initial_weights(export, drafter_cfg)
+    from_ckpt = starting_weights.initial_weights(a["snapshots"][-1]["checkpoint"], drafter_cfg)
     exported = load_file(os.path.join(export, "model.safetensors"))
     assert set(from_export) == set(exported) == set(from_ckpt)
     for k, v in exported.items():

@@ -116,6 +116,10 @@ class TrainConfig:
                                     help="start a new run from these weights: an export dir (config.json + "
                                          "model.safetensors) or a checkpoints/step-N dir of the same drafter "
                                          "shape (a resumed run keeps its checkpoint's weights)")
+    init_layers_from_target: bool = flag(False, switch=True, group=OPTIMIZATION,
+                                         help="start a new run's drafter layers as copies of evenly spaced target "
+                                              "layers (first and last included; every tensor of the same name and "
+                                              "shape) and its final norm as the target's; fc stays random")
 
     time_budget_min: float | None = flag(None, parse=parse_float, check=positive, group=WALL_CLOCK,
                                          help="train for this many minutes of wall clock: the learning rate "
@@ -245,6 +249,9 @@ class TrainConfig:
                 and self.snapshot_minutes[-1] > self.time_budget_min:
             raise ValueError(f"--snapshot-minutes {self.snapshot_minutes[-1]:g} is past --time-budget-min "
                              f"{self.time_budget_min:g}; snapshot within the budget or raise it")
+        if self.init_drafter and self.init_layers_from_target:
+            raise ValueError("--init-drafter and --init-layers-from-target both choose the starting weights; "
+                             "pass one of them")
         check_fp8_setting(self.fp8_layers)
         if self.target_layer_ids is not None:
             if not self.target_layer_ids:

@@ -188,6 +188,7 @@ def _run_rank(cfg: TrainConfig, world: World, heartbeat, stop: threading.Event, 
               nvml: NvmlTelemetry) -> None:
     """The checks, the job's plan and resume point (read by every rank before any may write), then this rank's
     role (dist_ranks.run_target or run_drafter) and the barrier that ends the job."""
+    from dflash_trainer.loop.starting_weights import starting_weights
     from dflash_trainer.loop.train import drafter_config_for, target_kernels_line
     validate_paths(cfg)
     if world.is_drafter_leader:
@@ -217,6 +218,8 @@ def _run_rank(cfg: TrainConfig, world: World, heartbeat, stop: threading.Event, 
             saved = load_checkpoint(resume_from)
             train_state = saved[2]
         step0, data_state = train_state["step"], train_state["data"]
+    # a new run's starting weights, read (and refused) on each drafter rank before any rank trains
+    start = starting_weights(cfg, drafter_cfg) if resume_from is None and not world.is_target else None
     dist.barrier()  # everybody has read `latest` before anybody may write a newer one
 
     def plan():
@@ -232,7 +235,7 @@ def _run_rank(cfg: TrainConfig, world: World, heartbeat, stop: threading.Event, 
     if world.is_target:
         run_target(cfg, world, plan(), layer_ids, stop, nvml)
     else:
-        run_drafter(cfg, world, plan, drafter_cfg, saved, total_steps, stop, nvml)
+        run_drafter(cfg, world, plan, drafter_cfg, saved, start, total_steps, stop, nvml)
     dist.barrier()
 
 

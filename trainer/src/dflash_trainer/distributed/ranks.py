@@ -173,9 +173,10 @@ def run_target(cfg: TrainConfig, world: World, plan, layer_ids, stop: threading.
 
 # --- drafter ranks ---
 
-def _build_drafter(cfg: TrainConfig, world: World, drafter_cfg: DrafterConfig, saved):
-    """The drafter (the checkpoint's weights when `saved`), wrapped for the drafter group (DDP or FSDP), its
-    optimizer and the TrainState: (parallel, optimizer, state)."""
+def _build_drafter(cfg: TrainConfig, world: World, drafter_cfg: DrafterConfig, saved, start):
+    """The drafter (the checkpoint's weights when `saved`, else `start`'s: loop/starting_weights.py), wrapped
+    for the drafter group (DDP or FSDP), its optimizer and the TrainState: (parallel, optimizer, state)."""
+    from dflash_trainer.loop.starting_weights import apply
     from dflash_trainer.loop.train import training_drafter
     D = world.num_drafter_ranks
     # free memory before the drafter is built here: the sharding choice counts its weights in
@@ -194,6 +195,10 @@ def _build_drafter(cfg: TrainConfig, world: World, drafter_cfg: DrafterConfig, s
                                "or the original flags")
         drafter.load_trainable_state_dict(model_state)  # whole, before FSDP shards it
         state = TrainState.from_checkpoint(train_state)
+    elif start is not None:
+        apply(drafter, start)  # whole, before FSDP shards it
+        if world.is_drafter_leader:
+            log(world, start.words)
     numel = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     frozen_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters() if not p.requires_grad)
     mode, why = choose_sharding(cfg.drafter_sharding, numel, frozen_bytes, free, D)
@@ -226,11 +231,12 @@ def _receive(cfg: TrainConfig, world: World, plan_factory, reducer: DrafterRanks
     return hs_queue, receiver, num_mine
 
 
-def run_drafter(cfg: TrainConfig, world: World, plan_factory, drafter_cfg: DrafterConfig, saved,
+def run_drafter(cfg: TrainConfig, world: World, plan_factory, drafter_cfg: DrafterConfig, saved, start,
                 total_steps: int, stop: threading.Event, nvml: NvmlTelemetry) -> None:
     """Builds (and resumes) the drafter, waits for the first hidden states, warms up, then trains in the loop
-    every drafter rank and the single process share. `saved`: load_checkpoint's (weights, config, train state)."""
-    parallel, optimizer, state = _build_drafter(cfg, world, drafter_cfg, saved)
+    every drafter rank and the single process share. `saved`: load_checkpoint's (weights, config, train state);
+    `start`: a new run's starting weights (starting_weights.py), or None."""
+    parallel, optimizer, state = _build_drafter(cfg, world, drafter_cfg, saved, start)
     reducer = DrafterRanks(parallel, world, stop, training_clock(), STOP_REQUESTED)
     hs_queue, receiver, num_mine = _receive(cfg, world, plan_factory, reducer, drafter_cfg)
     leader, say = world.is_drafter_leader, (lambda msg: log(world, msg))

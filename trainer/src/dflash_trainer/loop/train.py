@@ -1,8 +1,8 @@
 """dflash-train in one process: devices, build, resume, then the training loop (loop/drafter_loop.py, the same
 loop a torchrun drafter rank runs) with the local target as its source of micro-batches and nothing to reduce,
 then the finish line. The proof (proofs/proof_smollm2.py) runs dflash-train, it has no loop of its own.
-Also the build helpers both entries share (drafter_config_for, training_drafter, prepare_drafter, target_layers,
-initial_weights).
+Also the build helpers both entries share (drafter_config_for, training_drafter, prepare_drafter, target_layers;
+the starting weights are loop/starting_weights.py's).
 
 Entered from cli.main after the first heartbeat. Refusals that need torch (GPUs that do not exist,
 GPU lists without CUDA) raise StartupError before any weights load.
@@ -10,7 +10,6 @@ GPU lists without CUDA) raise StartupError before any weights load.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -19,13 +18,11 @@ from contextlib import ExitStack
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from dflash_trainer.loop.checkpoint import checkpoints_dir, clean_leftovers, find_latest, load_checkpoint
 from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids
 from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
 from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.export.exporter import drafter_config_from_export
 from dflash_trainer.telemetry.heartbeat import Heartbeat
 from dflash_trainer.loop.bookkeeping import Bookkeeping
 from dflash_trainer.loop.drafter_loop import LoopParts, Outcome, train
@@ -33,6 +30,7 @@ from dflash_trainer.loop.plan import StepPlan
 from dflash_trainer.loop.progress import LocalProfile
 from dflash_trainer.loop.reducers import OneProcess
 from dflash_trainer.loop.sources import LocalTarget
+from dflash_trainer.loop.starting_weights import StartingWeights, apply, starting_weights
 from dflash_trainer.loop.train_state import TrainState, rng_state, set_rng_state  # noqa: F401 - importable here
 from dflash_trainer.loss import describe_head_chunk
 from dflash_trainer.loop.optimizer import drafter_adamw
@@ -132,31 +130,6 @@ def drafter_config_for(cfg: TrainConfig) -> tuple[object, list[int], DrafterConf
     return target_config, layer_ids, drafter_cfg
 
 
-def initial_weights(path: str, cfg: DrafterConfig) -> dict[str, torch.Tensor]:
-    """--init-drafter: the trainable weights of an export dir or a checkpoints/step-N dir, for a drafter built
-    exactly like `cfg` (a warm start, e.g. from the export of an earlier session's run). StartupError otherwise."""
-    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
-        with open(os.path.join(path, "config.json")) as f:
-            other = drafter_config_from_export(json.load(f))
-        state = {k: v.float() for k, v in load_file(os.path.join(path, "model.safetensors")).items()}
-    elif os.path.isfile(os.path.join(path, "drafter_config.json")):
-        state, other_dict, _ = load_checkpoint(path)
-        other = DrafterConfig.from_dict(other_dict)
-    else:
-        raise StartupError(f"--init-drafter {path} is neither an export dir (config.json + model.safetensors) nor "
-                           "a checkpoints/step-N dir; pass one of those")
-    mine, theirs = cfg.to_dict(), other.to_dict()
-    mine.pop("split_fc_layers", None), theirs.pop("split_fc_layers", None)  # how fc is applied, not what it holds
-    diff = [f"{k} {theirs.get(k)} there, {v} here" for k, v in mine.items() if theirs.get(k) != v]
-    if diff:
-        raise StartupError(f"--init-drafter {path} is another drafter ({'; '.join(diff)}); use the same "
-                           "--num-draft-layers, --block-size, --num-target-taps/--target-layer-ids, "
-                           "--mask-token-id and target")
-    return state
-
-
-
-
 def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=None) -> int:
     """Trains until the epochs, --max-steps or --time-budget-min end, or SIGTERM (`stop`). `clock` measures the
     training time (the schedule, the budget and the snapshots; default wall_clock.training_clock()); it is read once
@@ -170,7 +143,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     kernels = target_kernels_line(cfg, target_config, target_device)
     log("target kernels: " + kernels)
     heartbeat.update(target_kernels=kernels)
-    init_state = initial_weights(cfg.init_drafter, drafter_cfg) if cfg.init_drafter else None
+    start = starting_weights(cfg, drafter_cfg)
     check_available(cfg)
     try:  # bad data is a refusal at start too: it loads before any weights
         dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
@@ -196,7 +169,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
     schedule = Schedule(cfg, total_steps)
-    state, resume_from = resume(cfg, drafter, optimizer, drafter_cfg, init_state)
+    state, resume_from = resume(cfg, drafter, optimizer, drafter_cfg, start)
     plan = StepPlan(dataset, cfg, state.data, state.step, total_steps, cfg.grad_accum)
     state.data = plan.loader.state_dict()
 
@@ -243,15 +216,15 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
 
 
 def resume(cfg: TrainConfig, drafter, optimizer, drafter_cfg: DrafterConfig,
-           init_state: dict | None) -> tuple[TrainState, str | None]:
+           start: StartingWeights | None) -> tuple[TrainState, str | None]:
     """The train state of the latest checkpoint under --output-dir (its weights and optimizer state loaded), or
-    a fresh one (with --init-drafter's weights); and the checkpoint resumed from."""
+    a fresh one (with `start`'s weights: starting_weights.py); and the checkpoint resumed from."""
     clean_leftovers(checkpoints_dir(cfg.output_dir), log)  # what a kill mid-save or mid-prune left
     resume_from = find_latest(cfg.output_dir)
     if resume_from is None:
-        if init_state is not None:
-            drafter.load_trainable_state_dict(init_state)
-            log(f"warm start from {cfg.init_drafter}")
+        apply(drafter, start)
+        if start is not None:
+            log(start.words)
         return TrainState(), None
     model_state, saved_cfg, saved = load_checkpoint(resume_from)
     if DrafterConfig.from_dict(saved_cfg) != drafter_cfg:
@@ -262,7 +235,7 @@ def resume(cfg: TrainConfig, drafter, optimizer, drafter_cfg: DrafterConfig,
     state = TrainState.from_checkpoint(saved)
     log(f"resumed from {resume_from} at step {state.step} (epoch {state.data['epoch']}, batch "
         f"{state.data['batch_index']}, {state.train_s:.1f} s of training)"
-        + (": --init-drafter not applied" if init_state else ""))
+        + (f": {'--init-drafter' if cfg.init_drafter else '--init-layers-from-target'} not applied" if start else ""))
     return state, resume_from
 
 

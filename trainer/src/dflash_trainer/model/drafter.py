@@ -311,9 +311,10 @@ class DFlashDrafter(nn.Module):
         """Exactly the export keys (docs/dflash.md): no embed_tokens, no lm_head."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith(FROZEN_PREFIXES)}
 
-    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor], partial: bool = False) -> None:
+        """`partial`: only some trainable tensors (--init-layers-from-target); the others stay as they are."""
         missing, unexpected = self.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.startswith(FROZEN_PREFIXES)]
+        missing = [] if partial else [k for k in missing if not k.startswith(FROZEN_PREFIXES)]
         if missing or unexpected:
             raise ValueError(f"drafter weights do not match the config: missing {missing}, unexpected {unexpected}")
 
