@@ -104,7 +104,8 @@ case "${1:-}" in
 stash)
     cp .artifacts/dev-a/gguf-part-00 "$S/" || exit 3
     cp .artifacts/dev-a/data*.tar "$S/" 2>/dev/null && echo "regenerated data stashed: $(ls "$S"/data*.tar)"
-    install_wheels .artifacts/dev-a
+    # (dev-a may leave its wheels out to stay under the 64 MiB a call carries with data.tar: launch installs dev-b's)
+    if ls .artifacts/dev-a/*.whl > /dev/null 2>&1; then install_wheels .artifacts/dev-a; fi
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
     python3 -c "import torch, transformers, gguf; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gguf ok', torch.cuda.is_available())"
     python3 -c "import transformers, inspect; print('GgufConfig', hasattr(transformers, 'GgufConfig') and inspect.signature(transformers.GgufConfig))"
