@@ -14,7 +14,9 @@
 #               (cd trainer && python -m proofs.proof_prompts --num-chitchat 22500 --out ../.artifacts/dev-b/prompts.jsonl)  (run 2: 6000)
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
 #               (optional) cat <files_at of an earlier watch>/data.tar.part-* > .artifacts/dev-a/data.tar
-#               (skips regeneration; dev-a must then stay under the 64 MiB a call carries)
+#               (skips regeneration; dev-a must then stay under the 64 MiB a call carries: its wheels may go)
+#               (optional) cp <files_at of an earlier watch>/data-baseline.tar .artifacts/dev-a/  (the baseline:
+#               a proof with the same target, prompts and settings reuses it, PROOF.md "The baseline kept")
 # Call 1 (carry .artifacts/dev-a):  bash trainer/proofs/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
 # Call 2 (carry .artifacts/dev-b):  bash trainer/proofs/device_proof.sh launch PROOF_FLAGS...
 #                                   (starts proofs.proof_smollm2 detached, then follows it for $WATCH_S s;
@@ -79,6 +81,12 @@ watch_proof() {
     if [ ! -f "$S/data.tar.sent" ] && grep -q "\] data: " "$S/proof.log" 2>/dev/null; then
         tar -C "$S/proof" -cf - data | split -b 15M - "$OUT/data.tar.part-" && touch "$S/data.tar.sent"
         ls -la "$OUT"/data.tar.part-*
+    fi
+    # The baseline a proof keeps under its data root (proofs/baseline_cache.py) comes back once too, as
+    # data-baseline.tar: put it beside data.tar in dev-a, and a later lease's proof with the same target,
+    # prompts and settings reuses it instead of decoding it again (stash and launch carry every data*.tar).
+    if [ ! -f "$S/baseline.sent" ] && [ -d "$S/proof/baseline-cache" ]; then
+        tar -C "$S/proof" -cf "$OUT/data-baseline.tar" baseline-cache && touch "$S/baseline.sent"
     fi
     if pgrep -f proofs.proof_smollm2 > /dev/null; then echo "STILL RUNNING"; return; fi
     # Once all is done: the longest-trained export of the better proof comes back in three pieces

@@ -15,8 +15,9 @@ Every evaluation covers two prompt sets (SETS): the proof's own held-out split, 
 proof trains on.
 
 Files under OUT: eval/settings.json (written by the driver), eval/baseline.json (per set: greedy references,
-target-only and prompt-lookup figures), eval/snapshot-STEP.json (per set that snapshot's DFlash figures, and its
-export dir).
+target-only and prompt-lookup figures; taken from the data root's baseline-cache/ when a proof with the same
+target, prompts, settings and device kind decoded it: baseline_cache.py), eval/snapshot-STEP.json (per set that
+snapshot's DFlash figures, and its export dir).
 """
 
 from __future__ import annotations
@@ -30,15 +31,19 @@ import time
 import torch
 
 from dflash_trainer.eval.prompt_progress import PromptProgress
-from dflash_trainer.eval.evaluate import eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target
+from dflash_trainer.eval.evaluate import (eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target,
+                                          prompt_styles)
 from dflash_trainer.eval.workers import DecodePool
 from dflash_trainer.export.exporter import export_checkpoint
 from dflash_trainer.telemetry.heartbeat import write_json_atomic  # a reader (the driver) never sees half a file
 from dflash_trainer.telemetry.writers import read_jsonl  # the snapshots.jsonl dflash-train appends to
 
+from . import baseline_cache
+
 SNAPSHOTS = os.path.join("train", "snapshots.jsonl")
 # The prompt sets, in evaluation order: name -> the settings keys of their file and of their prompt count (None: all)
 SETS = {"split": ("eval_prompts", None), "other_styles": ("other_styles", "num_other_styles")}
+NGRAM = 3  # prompt lookup's longest n-gram, the baseline's
 
 
 def result_key(key: str, name: str) -> str:
@@ -88,6 +93,8 @@ def merge(out: str, results: dict) -> None:
         for name, b in base["sets"].items():
             results[result_key("target_only", name)] = b["target_only"]
             results[result_key("baseline", name)] = b["prompt_lookup"]
+        if base.get("reused"):
+            results["baseline_reused"] = base["reused"]
     for snap in results["snapshots"]:
         res = snapshot_result(out, snap["step"])
         if res:
@@ -113,6 +120,8 @@ class Evaluator:
         self.eos = eos_ids(s["target"], self.model, tokenizer)
         self.prompts = {name: load_prompts(s[path_key], tokenizer, s.get(count_key) if count_key else None)
                         for name, (path_key, count_key) in SETS.items()}
+        self.styles = {name: prompt_styles(s[path_key], s.get(count_key) if count_key else None)
+                       for name, (path_key, count_key) in SETS.items()}
         base = baseline_result(out)
         self.references = {name: b["references"] for name, b in base["sets"].items()} if base else None
 
@@ -120,7 +129,7 @@ class Evaluator:
         s = self.settings
         return evaluate(self.model, self.prompts[name], block_size=s["block_size"],
                         max_new_tokens=s["max_new_tokens"], eos=self.eos, progress=PromptProgress(self.log),
-                        pool=self.pool, **kw)
+                        pool=self.pool, styles=self.styles[name], **kw)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -129,14 +138,31 @@ class Evaluator:
     def baseline(self) -> None:
         if self.references is not None:
             return
+        cache_dir = self.settings.get("baseline_cache")
+        if cache_dir:  # baseline_cache.py: another proof on this data root may have decoded it already
+            s = self.settings
+            key, about = baseline_cache.baseline_key(s["target"], self.prompts, s["block_size"], s["max_new_tokens"],
+                                                     NGRAM, "float32", self.device)
+            cached = baseline_cache.load(cache_dir, key)
+            if cached is not None:
+                self.log(f"baseline reused from {os.path.join(cache_dir, key)}.json (the same target, prompts, "
+                         f"settings and device kind {about['device']}): nothing decoded")
+                self._keep_baseline({**cached, "device": str(self.device), "reused": key})
+                return
         sets = {}
         for name in SETS:
-            rep = self._evaluate(name, ngram=3, baseline=True, references=None)
+            rep = self._evaluate(name, ngram=NGRAM, baseline=True, references=None)
             sets[name] = {"references": rep["references"], "target_only": rep["target_only"],
-                          "prompt_lookup": rep["methods"]["prompt_lookup_n3"]}
+                          "prompt_lookup": rep["methods"][f"prompt_lookup_n{NGRAM}"]}
             self.log(f"baseline, {name}:\n" + format_table(rep))
-        self.references = {name: b["references"] for name, b in sets.items()}
-        write_json_atomic(_path(self.out, "baseline.json"), {"sets": sets, "device": str(self.device)})
+        baseline = {"sets": sets, "device": str(self.device)}
+        if cache_dir:
+            self.log(f"baseline kept for later proofs: {baseline_cache.store(cache_dir, key, about, baseline)}")
+        self._keep_baseline(baseline)
+
+    def _keep_baseline(self, baseline: dict) -> None:
+        self.references = {name: b["references"] for name, b in baseline["sets"].items()}
+        write_json_atomic(_path(self.out, "baseline.json"), baseline)
 
     def snapshot(self, snap: dict) -> None:
         export_dir = os.path.join(self.out, f"export-{snap['minutes']}min")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+from dflash_trainer.eval.evaluate import format_styles
 from dflash_trainer.telemetry.heartbeat import write_json_atomic
 
 from .proof_eval import SETS, result_key
@@ -56,6 +57,9 @@ def _write_results(out: str, results: dict) -> None:
                      f"{ratio:.2f} | {m['tokens_per_target_forward']:.2f} | {_lossless([m, other])} | "
                      f"{'-' if s.get('tau_proxy') is None else format(s['tau_proxy'], '.2f')} |")
     lines += ["", "(τ / prompt-lookup, tokens/target fwd: on the proof's split; lossless: on both sets)"]
+    if results.get("baseline_reused"):
+        lines += ["", f"baseline (references, target only, prompt lookup) reused from an earlier proof on this data "
+                      f"root (baseline-cache/{results['baseline_reused']}.json): its tok/s are that proof's"]
     for s in results["snapshots"]:
         for name in SETS:
             m = s.get(result_key("eval", name))
@@ -63,10 +67,14 @@ def _write_results(out: str, results: dict) -> None:
                 hist = ", ".join(f"{k}: {v}" for k, v in m["accept_length_histogram"].items() if v)
                 lines += ["", f"accept-length histogram after {s['minutes']} min, {SET_LABELS[name]}: {hist}",
                           f"per-slot acceptance: {' '.join(f'{x:.2f}' for x in m['slot_accept_rate'])}"]
+                if m.get("tau_by_style"):
+                    lines.append(f"τ by style: {format_styles(m['tau_by_style'])}")
     for name, b in bases.items():
         if b:
             hist = ", ".join(f"{k}: {v}" for k, v in b["accept_length_histogram"].items() if v)
             lines += ["", f"prompt-lookup histogram, {SET_LABELS[name]}: {hist}"]
+            if b.get("tau_by_style"):
+                lines.append(f"prompt lookup τ by style: {format_styles(b['tau_by_style'])}")
     lines += ["", f"data: {json.dumps(results.get('data', {}))}", f"stages: {json.dumps(results['stage_s'])}"]
     with open(os.path.join(out, "proof.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -411,7 +411,8 @@ def run(args, train_argv: list[str], cfg) -> int:
     proof_eval.write_settings(out, {"target": cfg.target_model, "eval_prompts": eval_prompts,
                                     "other_styles": os.path.abspath(args.other_styles),
                                     "num_other_styles": args.num_other_styles, "block_size": cfg.block_size,
-                                    "max_new_tokens": args.eval_max_new_tokens, "workers": args.eval_workers})
+                                    "max_new_tokens": args.eval_max_new_tokens, "workers": args.eval_workers,
+                                    "baseline_cache": os.path.join(data_root, "baseline-cache")})
     command = [sys.executable, "-m", "dflash_trainer.cli", "--target-model", cfg.target_model, "--data-dir", data_dir,
                "--output-dir", cfg.output_dir, "--mask-token-id", str(mask_id), *train_argv]
     results = {"target": cfg.target_model, "block_size": cfg.block_size, "layers": cfg.num_draft_layers,

@@ -51,6 +51,7 @@ def test_eval_reports_tau_histogram_and_losslessness(tiny, drafter_dirs, tmp_pat
         assert sum(m["accept_length_histogram"].values()) == m["num_steps"]
         assert len(m["slot_accept_rate"]) == 3
         assert m["num_new_tokens"] == sum(len(r) for r in report["references"])
+        assert "tau_by_style" not in m  # the rows carry no style
 
 
 def test_checkpoint_output_dir_and_export_give_the_same_drafts(tiny, drafter_dirs, tmp_path):
@@ -103,3 +104,22 @@ def test_workers_below_one_are_refused(tiny, drafter_dirs, capsys):
     assert main(["--target-model", tiny["target"], "--prompts", drafter_dirs["prompts"], "--device", "cpu",
                  "--workers", "0"]) == 2
     assert capsys.readouterr().err.strip() == "dflash-eval: error: --workers must be at least 1"
+
+
+def test_tau_by_style_is_the_tau_of_that_styles_prompts_alone(tiny, drafter_dirs, tmp_path, capsys):
+    """A prompts file whose rows carry a "style" (the other-styles set's shape): each method reports τ per style,
+    equal to τ over only that style's prompts; a row without a style counts in τ but in no style."""
+    rows = [([5, 17, 33, 2], "a"), ([300, 301, 302, 303, 300, 301], "b"), (list(range(60, 80)), "a"),
+            ([7, 8, 9, 7, 8], None)]
+    styled, only_a = tmp_path / "styled.jsonl", tmp_path / "a.jsonl"
+    styled.write_text("".join(json.dumps({"input_ids": p, **({"style": st} if st else {})}) + "\n" for p, st in rows))
+    only_a.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p, st in rows if st == "a"))
+    report = run_eval(tiny, drafter_dirs["export"], str(styled), tmp_path / "styled.json")
+    printed = capsys.readouterr().out
+    alone = run_eval(tiny, drafter_dirs["export"], str(only_a), tmp_path / "a.json")
+    for name in ("dflash", "prompt_lookup_n3"):
+        by_style = report["methods"][name]["tau_by_style"]
+        assert list(by_style) == ["a", "b"]
+        assert by_style["a"] == pytest.approx(alone["methods"][name]["tau"])
+        assert f"{name}: τ by style a {by_style['a']:.2f}, b {by_style['b']:.2f}" in printed
+        assert sum(report["methods"][name]["prompt_steps"]) == report["methods"][name]["num_steps"]

@@ -99,6 +99,12 @@ def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(two_d
     a, b = (json.load(open(d / "proof.json")) for d in (first, second))
     assert b["data"]["num_rows_written"] == a["data"]["num_rows_written"] and b["data"]["complete"]
     assert b["snapshots"][0]["eval"]["lossless"] and b["train_config"]["warmup_ratio"] == 0.1
+    # the baseline does not depend on the drafter: the first proof kept it under the data root, the second
+    # (the same target, prompts, settings and device kind) took it from there instead of decoding it again
+    assert "baseline_reused" not in a and os.listdir(first / "baseline-cache") == [f"{b['baseline_reused']}.json"]
+    for key in ("baseline", "baseline_other_styles", "target_only", "target_only_other_styles"):
+        assert b[key] == a[key]
+    assert "reused from an earlier proof on this data root" in open(second / "proof.md").read()
     # the first proof's data is untouched: no shard, progress or stats file was rewritten
     assert {p: os.path.getmtime(p) for p in (first / "data").rglob("*") if p.is_file()} == shards
     capsys.readouterr()

@@ -68,6 +68,11 @@ def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
     assert "| τ | τ other styles |" in table
     last = result["snapshots"][-1]
     assert f"| {last['eval']['tau']:.2f} | {last['eval_other_styles']['tau']:.2f} |" in table
+    # τ per style of the other-styles set (its rows carry one), for the drafter and prompt lookup
+    styles = list(dict.fromkeys(json.loads(line)["style"] for line in open(result["other_styles"]).readlines()[:4]))
+    assert list(last["eval_other_styles"]["tau_by_style"]) == styles
+    assert list(result["baseline_other_styles"]["tau_by_style"]) == styles and "tau_by_style" not in last["eval"]
+    assert f"τ by style: {styles[0]} {last['eval_other_styles']['tau_by_style'][styles[0]]:.2f}" in table
     # the other-styles set was kept out of the training data (the check ran: nothing of it in the tiny chats)
     assert result["data"]["bad"].get("held_out", 0) == 0 and result["other_styles"].endswith("other_styles.jsonl")
     assert ("decoding in 2 worker processes on cpu" in log) == bool(labels)

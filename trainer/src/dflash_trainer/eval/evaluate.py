@@ -123,6 +123,35 @@ def load_prompts(path: str, tokenizer, limit: int | None = None) -> list[list[in
     return prompts
 
 
+def prompt_styles(path: str, limit: int | None = None) -> list[str | None]:
+    """Each prompt's "style" (the other-styles set's rows carry one; None where a row has none), in load_prompts'
+    order, so a report can give τ per style."""
+    styles = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
+            styles.append(obj.get("style") if isinstance(obj, dict) else None)
+            if limit is not None and len(styles) >= limit:
+                break
+    return styles
+
+
+def tau_by_style(method: dict, styles: list[str | None]) -> dict[str, float | None]:
+    """τ of each style's prompts (their accepted lengths over their verification steps), in first-seen order."""
+    parts: dict[str, list[int]] = {}
+    for style, steps, accepted in zip(styles, method["prompt_steps"], method["prompt_accepted"], strict=True):
+        if style is not None:
+            total = parts.setdefault(style, [0, 0])
+            total[0] += accepted
+            total[1] += steps
+    return {style: (a / n if n else None) for style, (a, n) in parts.items()}
+
+
 def check_lossless(outputs: list[list[int]], references: list[list[int]]) -> dict:
     mismatches = []
     for i, (out, ref) in enumerate(zip(outputs, references)):
@@ -154,10 +183,12 @@ def run_method(model, prompts, proposer, block_size, max_new_tokens, eos, refere
 
 def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, max_new_tokens: int,
              eos: set[int], ngram: int = 3, baseline: bool = True, references=None,
-             progress: PromptProgress | None = None, pool=None, drafter_path: str | None = None) -> dict:
+             progress: PromptProgress | None = None, pool=None, drafter_path: str | None = None,
+             styles: list[str | None] | None = None) -> dict:
     """The report dict; `references` (a previous report's) skips recomputing the greedy decodes; `progress`
     reports each prompt of each method (prompt_progress.py). With a `pool` (workers.py) the decoding runs in its
-    processes, which load the drafter from `drafter_path` (`drafter` is then not used)."""
+    processes, which load the drafter from `drafter_path` (`drafter` is then not used). With `styles`
+    (prompt_styles) each method also reports `tau_by_style`."""
     if pool is not None and drafter is not None and drafter_path is None:
         raise ValueError("decoding in worker processes needs the drafter's path (drafter_path)")
     with_drafter = drafter is not None or (pool is not None and drafter_path is not None)
@@ -181,6 +212,9 @@ def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, 
         report["methods"][f"prompt_lookup_n{ngram}"] = run_method(
             model, prompts, PromptLookupProposer(ngram), block_size, max_new_tokens, eos, references, progress,
             f"prompt_lookup_n{ngram}", pool, ("prompt_lookup", ngram))
+    if styles is not None and any(st is not None for st in styles):
+        for method in report["methods"].values():
+            method["tau_by_style"] = tau_by_style(method, styles)
     return report
 
 
@@ -201,7 +235,13 @@ def format_table(report: dict) -> str:
         hist = " ".join(f"{k}:{v}" for k, v in m["accept_length_histogram"].items() if v)
         lines.append(f"{name}: accept-length histogram {hist}")
         lines.append(f"{name}: per-slot acceptance {' '.join(f'{x:.2f}' for x in m['slot_accept_rate'])}")
+        if m.get("tau_by_style"):
+            lines.append(f"{name}: τ by style {format_styles(m['tau_by_style'])}")
     return "\n".join(lines)
+
+
+def format_styles(by_style: dict[str, float | None]) -> str:
+    return ", ".join(f"{style} {'-' if tau is None else format(tau, '.2f')}" for style, tau in by_style.items())
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -243,12 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         if block < 2:
             raise ValueError("--block-size must be at least 2")
         prompts = load_prompts(args.prompts, tokenizer, args.num_prompts)
+        styles = prompt_styles(args.prompts, args.num_prompts)
         pool = DecodePool(args.target_model, device, dtype, args.workers) if args.workers > 1 else None
         try:
             report = evaluate(model, prompts, drafter=drafter, block_size=block,
                               max_new_tokens=args.max_new_tokens, eos=eos_ids(args.target_model, model, tokenizer),
                               ngram=args.ngram, baseline=not args.no_baseline, progress=PromptProgress(),
-                              pool=pool, drafter_path=args.drafter)
+                              pool=pool, drafter_path=args.drafter, styles=styles)
         finally:
             if pool is not None:
                 pool.close()

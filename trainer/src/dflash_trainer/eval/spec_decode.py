@@ -241,4 +241,7 @@ def summarize(results: list[DecodeResult], block_size: int) -> dict:
         "mean_proposed": (sum(n for r in results for n in r.num_proposed) / steps) if steps else None,
         "wall_s": round(wall, 3),
         "tokens_per_s": new_tokens / wall if wall > 0 else None,
+        # per prompt, in order: verification steps and accepted length (τ of a group = sum accepted / sum steps)
+        "prompt_steps": [len(r.accept_lengths) for r in results],
+        "prompt_accepted": [sum(r.accept_lengths) for r in results],
     }
