@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from dflash_trainer.prep.heldout import HeldOut, words
-from dflash_trainer.prep.synthesize import PromptFilter, main, pre_query_ids, synthesize_prompts
+from dflash_trainer.prep.synthesize import PromptFilter, _write, main, pre_query_ids, synthesize_prompts
 
 # the tiny target writes a whole prompt (an end-of-turn within 128 tokens) in about 1 sample of 16
 TINY = dict(batch_size=64, max_attempts=128, seed=0, log=lambda *_: None)
@@ -57,7 +57,8 @@ def test_synthesized_prompts_are_whole_distinct_and_kept_from_the_held_out_sets(
     stats = synthesize_prompts(chat_target, str(first), 6, **TINY)
     prompts = read_prompts(first)
     assert 1 <= stats["kept"] == len(prompts) <= 6 and not stats["reused"]
-    assert stats["attempts"] == stats["kept"] + sum(stats["refused"].values())
+    # every sample is counted once: kept, refused by reason, or past --num-prompts in the last batch
+    assert stats["attempts"] == stats["kept"] + stats["surplus"] + sum(stats["refused"].values())
     assert stats["refused"]["truncated"] > 0  # a random target rarely ends its turn
     assert len({tuple(words(p)) for p in prompts}) == len(prompts) and all(len(words(p)) >= 3 for p in prompts)
     assert not any("<|" in p for p in prompts)
@@ -96,3 +97,17 @@ def test_bad_input_is_one_line_and_writes_nothing(chat_target, tmp_path, capsys,
     err = capsys.readouterr().err.strip()
     assert err.startswith("dflash-synthesize-prompts: error:") and message in err and "\n" not in err
     assert not os.listdir(tmp_path)
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path):
+    out = tmp_path / "s.jsonl"
+    _write(str(out), ["first prompt here"])
+    before = out.read_text()
+
+    def broken():
+        yield "a prompt"
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        _write(str(out), broken())
+    assert out.read_text() == before and os.listdir(tmp_path) == ["s.jsonl"]

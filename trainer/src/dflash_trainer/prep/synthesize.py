@@ -22,6 +22,7 @@ reuses it without sampling, and any other settings write it again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -134,7 +135,7 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
     keep = PromptFilter(tokenizer, gen.eos, min_words, guard)
     log(f"{PROG}: sampling with {gen.engine}, temperature {temperature}, <= {max_new_tokens} tokens, batch "
         f"{batch_size}, until {num_prompts} prompts (at most {max_attempts} samples)")
-    kept, refused, attempts, t0 = [], Counter(), 0, time.time()
+    kept, refused, attempts, surplus, t0 = [], Counter(), 0, 0, time.time()
     while len(kept) < num_prompts and attempts < max_attempts:
         if time_budget_s is not None and time.time() - t0 > time_budget_s:
             log(f"{PROG}: time budget {time_budget_s:.0f} s reached after {attempts} samples")
@@ -146,8 +147,10 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
                 refused[why] += 1
             elif len(kept) < num_prompts:
                 kept.append(text)
+            else:  # good, but the last batch went past --num-prompts
+                surplus += 1
         attempts += n
-    stats = {"kept": len(kept), "attempts": attempts, "refused": dict(sorted(refused.items())),
+    stats = {"kept": len(kept), "attempts": attempts, "surplus": surplus, "refused": dict(sorted(refused.items())),
              "seconds": round(time.time() - t0, 1), "engine": gen.engine, "reused": False}
     _write(out_path, kept)
     write_json_atomic(stats_path_of(out_path), {"settings": settings, "stats": stats}, indent=2)
@@ -157,10 +160,15 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
 def _write(out_path: str, prompts: list[str]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     tmp = f"{out_path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for text in prompts:
-            f.write(json.dumps({"messages": [{"role": "user", "content": text}]}, ensure_ascii=False) + "\n")
-    os.replace(tmp, out_path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for text in prompts:
+                f.write(json.dumps({"messages": [{"role": "user", "content": text}]}, ensure_ascii=False) + "\n")
+        os.replace(tmp, out_path)
+    except BaseException:  # a full disk or an interrupt leaves the old file (or none), never a temp file
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def synthesize_defaults() -> dict:
