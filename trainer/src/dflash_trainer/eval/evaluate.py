@@ -86,38 +86,43 @@ def load_drafter(path: str, target, device: torch.device, dtype: torch.dtype):
     return drafter.to(device=device, dtype=dtype).eval()
 
 
-def load_prompts(path: str, tokenizer, limit: int | None = None) -> list[list[int]]:
-    prompts = []
+def _prompt_rows(path: str):
+    """(line number, the row: a JSON value, or the line's text when it is not JSON) for each non-blank line."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             line = line.rstrip("\n")
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                yield n, json.loads(line)
             except ValueError:
-                obj = line
-            if isinstance(obj, dict) and "input_ids" in obj:
-                prompts.append([int(t) for t in obj["input_ids"]])
+                yield n, line
+
+
+def load_prompts(path: str, tokenizer, limit: int | None = None) -> list[list[int]]:
+    prompts = []
+    for n, obj in _prompt_rows(path):
+        if isinstance(obj, dict) and "input_ids" in obj:
+            prompts.append([int(t) for t in obj["input_ids"]])
+        else:
+            if tokenizer is None:
+                raise ValueError(f"{path}:{n}: text prompts need a tokenizer in --target-model; "
+                                 "give {\"input_ids\": [...]} rows instead")
+            if isinstance(obj, dict) and "messages" in obj:
+                text = tokenizer.apply_chat_template(prompt_messages(obj["messages"]), tokenize=False,
+                                                     add_generation_prompt=True)
             else:
-                if tokenizer is None:
-                    raise ValueError(f"{path}:{n}: text prompts need a tokenizer in --target-model; "
-                                     "give {\"input_ids\": [...]} rows instead")
-                if isinstance(obj, dict) and "messages" in obj:
-                    text = tokenizer.apply_chat_template(prompt_messages(obj["messages"]), tokenize=False,
+                raw = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else obj
+                if not isinstance(raw, str):
+                    raise ValueError(f"{path}:{n}: expected messages, prompt, text or input_ids")
+                if getattr(tokenizer, "chat_template", None):
+                    text = tokenizer.apply_chat_template([{"role": "user", "content": raw}], tokenize=False,
                                                          add_generation_prompt=True)
                 else:
-                    raw = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else obj
-                    if not isinstance(raw, str):
-                        raise ValueError(f"{path}:{n}: expected messages, prompt, text or input_ids")
-                    if getattr(tokenizer, "chat_template", None):
-                        text = tokenizer.apply_chat_template([{"role": "user", "content": raw}], tokenize=False,
-                                                             add_generation_prompt=True)
-                    else:
-                        text = raw
-                prompts.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
-            if limit is not None and len(prompts) >= limit:
-                break
+                    text = raw
+            prompts.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        if limit is not None and len(prompts) >= limit:
+            break
     if not prompts:
         raise ValueError(f"--prompts {path} holds no prompt")
     return prompts
@@ -127,17 +132,10 @@ def prompt_styles(path: str, limit: int | None = None) -> list[str | None]:
     """Each prompt's "style" (the other-styles set's rows carry one; None where a row has none), in load_prompts'
     order, so a report can give τ per style."""
     styles = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                obj = None
-            styles.append(obj.get("style") if isinstance(obj, dict) else None)
-            if limit is not None and len(styles) >= limit:
-                break
+    for _n, obj in _prompt_rows(path):
+        styles.append(obj.get("style") if isinstance(obj, dict) else None)
+        if limit is not None and len(styles) >= limit:
+            break
     return styles
 
 
