@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 from trainer_testlib import start, torchrun_cmd, train_cmd
 from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
 from dflash_trainer.model.drafter import DrafterConfig, RMSNorm
-from dflash_trainer.model.from_target import _target_modules, layers_from_target, norm_convention, spaced_layer_ids
+from dflash_trainer.config import spaced_layer_ids
+from dflash_trainer.model.from_target import _target_modules, layers_from_target, norm_convention
 from dflash_trainer.prep.make_tiny import write_target
 
 # an Adam step moves each weight by about lr: 1e-9 leaves the starting weights readable in the step-1 checkpoint
@@ -120,3 +121,25 @@ def test_refusals_come_in_one_line_before_anything_is_written(tiny, tmp_path):
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
         assert not os.path.exists(out / "checkpoints")
+
+
+def test_the_check_before_a_restart_refuses_what_the_start_would(tiny, tmp_path):
+    """dflash-train --check (run by the collection before it stops a live run) refuses a bad --init-drafter or
+    --init-layers-from-target in the line the start would print; a good one is ok."""
+    def check(*extra):
+        argv = train_cmd(tiny, tmp_path / "out", *extra)
+        proc = subprocess.run(argv[:3] + ["--check"] + argv[3:], capture_output=True, text=True, timeout=120)
+        return proc.returncode, proc.stderr.strip().splitlines()
+
+    assert check("--init-layers-from-target", "--num-draft-layers", "3") == (0, [])
+    rc, err = check("--init-layers-from-target", "--num-draft-layers", "9")
+    assert rc == 2 and err == ["dflash-train: error: --init-layers-from-target: the drafter's 9 layers are more than "
+                               "the target's 8; lower --num-draft-layers or drop the flag"]
+    rc, err = check("--init-drafter", str(tmp_path / "typo"))
+    assert rc == 2 and err == [f"dflash-train: error: --init-drafter {tmp_path / 'typo'} is neither an export dir "
+                               "(config.json + model.safetensors) nor a checkpoints/step-N dir; pass one of those"]
+    first = tmp_path / "first"  # a checkpoint of another drafter shape: its config alone says so
+    assert subprocess.run(train_cmd(tiny, first, "--max-steps", "1"), capture_output=True, timeout=240).returncode == 0
+    rc, err = check("--block-size", "8", "--init-drafter", find_latest(str(first)))
+    assert rc == 2 and len(err) == 1 and "is another drafter (block_size 4 there, 8 here)" in err[0]
+    assert not (tmp_path / "out").exists()

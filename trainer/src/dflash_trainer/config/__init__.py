@@ -13,4 +13,5 @@ from dflash_trainer.config.parsing import (  # noqa: F401
 from dflash_trainer.config.train_config import (  # noqa: F401
     flag, env_knob, HEAD_CHUNK_BYTES, HEAD_CHUNK_MAX_ROWS, PATHS, DEVICES, OPTIMIZATION, WALL_CLOCK, BATCHING, METHOD, CONTRACT, TORCHRUN, TrainConfig, option_name, declared_default, flag_fields, env_fields, snapshot_name)
 from dflash_trainer.config.paths import (  # noqa: F401
-    STAGED_MANIFEST, check_staged_manifest, validate_paths, validate_target, data_shards, validate_data, find_mask_token_id, default_target_layer_ids)
+    STAGED_MANIFEST, check_staged_manifest, validate_paths, validate_target, data_shards, validate_data, find_mask_token_id, default_target_layer_ids,
+    spaced_layer_ids)

@@ -150,3 +150,14 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
         raise ValueError(f"the target has {num_target_layers} layers, too few for the default taps; "
                          "pass --target-layer-ids explicitly")
     return [int(round(start + i * (end - start) / (num_taps - 1))) for i in range(num_taps)]
+
+
+def spaced_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Evenly spaced target layers, the first and the last included; one drafter layer takes the last."""
+    if num_draft_layers > num_target_layers:
+        raise ValueError(f"--init-layers-from-target: the drafter's {num_draft_layers} layers are more than the "
+                         f"target's {num_target_layers}; lower --num-draft-layers or drop the flag")
+    if num_draft_layers == 1:
+        return [num_target_layers - 1]
+    step = (num_target_layers - 1) / (num_draft_layers - 1)
+    return [int(round(j * step)) for j in range(num_draft_layers)]

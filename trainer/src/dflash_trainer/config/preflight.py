@@ -169,6 +169,18 @@ def check_kernels(cfg: TrainConfig, target_config: dict, cuda: bool | None = Non
         return None, [str(e)]
 
 
+def check_start(cfg: TrainConfig) -> list[str]:
+    """--init-drafter and --init-layers-from-target refused as the start would refuse them, from the configs alone
+    (loop/starting_weights.py); imports torch and transformers (seconds), only when one of them is given."""
+    from dflash_trainer.loop.starting_weights import check_starting_weights
+    from dflash_trainer.loop.train import drafter_config_for
+    try:
+        check_starting_weights(cfg, drafter_config_for(cfg)[2])
+    except ValueError as e:  # StartupError is one
+        return [" ".join(str(e).split())]
+    return []
+
+
 def _nearest_existing(path: str) -> str:
     path = os.path.abspath(path)
     while not os.path.exists(path):
@@ -310,6 +322,8 @@ def check(argv: list[str], environ=os.environ) -> dict:
         problems += check_family(cfg, target_config)
         report["target_kernels"], more = check_kernels(cfg, target_config)
         problems += more
+        if cfg.init_drafter or cfg.init_layers_from_target:
+            problems += check_start(cfg)
     try:
         validate_data(cfg)
         if target_ok:

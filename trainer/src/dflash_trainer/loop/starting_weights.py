@@ -12,7 +12,7 @@ import os
 import torch
 from safetensors.torch import load_file
 
-from dflash_trainer.config import StartupError, TrainConfig
+from dflash_trainer.config import StartupError, TrainConfig, spaced_layer_ids
 from dflash_trainer.export.exporter import drafter_config_from_export
 from dflash_trainer.loop.checkpoint import load_checkpoint
 from dflash_trainer.model.drafter import DrafterConfig
@@ -49,13 +49,32 @@ def apply(drafter, start: StartingWeights | None) -> None:
 def initial_weights(path: str, cfg: DrafterConfig) -> dict[str, torch.Tensor]:
     """--init-drafter: the trainable weights of an export dir or a checkpoints/step-N dir, for a drafter built
     exactly like `cfg` (a warm start, e.g. from the export of an earlier session's run). StartupError otherwise."""
+    if _init_drafter_config(path, cfg) == "export":
+        return {k: v.float() for k, v in load_file(os.path.join(path, "model.safetensors")).items()}
+    return load_checkpoint(path)[0]
+
+
+def check_starting_weights(cfg: TrainConfig, drafter_cfg: DrafterConfig) -> None:
+    """What starting_weights refuses, from the configs alone (no weights read): for `dflash-train --check`, which
+    runs before a live run is stopped. StartupError with the refusal's line."""
+    if cfg.init_drafter:
+        _init_drafter_config(cfg.init_drafter, drafter_cfg)
+    if cfg.init_layers_from_target:
+        try:
+            spaced_layer_ids(drafter_cfg.num_target_layers, drafter_cfg.num_hidden_layers)
+        except ValueError as e:
+            raise StartupError(str(e)) from None
+
+
+def _init_drafter_config(path: str, cfg: DrafterConfig) -> str:
+    """Which kind of dir --init-drafter names ("export" or "checkpoint"), after checking that its drafter is built
+    exactly like `cfg`; StartupError otherwise."""
     if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
         with open(os.path.join(path, "config.json")) as f:
-            other = drafter_config_from_export(json.load(f))
-        state = {k: v.float() for k, v in load_file(os.path.join(path, "model.safetensors")).items()}
+            other, kind = drafter_config_from_export(json.load(f)), "export"
     elif os.path.isfile(os.path.join(path, "drafter_config.json")):
-        state, other_dict, _ = load_checkpoint(path)
-        other = DrafterConfig.from_dict(other_dict)
+        with open(os.path.join(path, "drafter_config.json")) as f:
+            other, kind = DrafterConfig.from_dict(json.load(f)), "checkpoint"
     else:
         raise StartupError(f"--init-drafter {path} is neither an export dir (config.json + model.safetensors) nor "
                            "a checkpoints/step-N dir; pass one of those")
@@ -66,4 +85,4 @@ def initial_weights(path: str, cfg: DrafterConfig) -> dict[str, torch.Tensor]:
         raise StartupError(f"--init-drafter {path} is another drafter ({'; '.join(diff)}); use the same "
                            "--num-draft-layers, --block-size, --num-target-taps/--target-layer-ids, "
                            "--mask-token-id and target")
-    return state
+    return kind

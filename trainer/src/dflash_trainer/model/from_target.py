@@ -19,20 +19,11 @@ import re
 
 import torch
 
+from dflash_trainer.config import spaced_layer_ids
+
 # model.layers.N.rest, or model.language_model.layers.N.rest in a vision-language checkpoint (Qwen3.5/3.6)
 _LAYER_KEY = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.(.+)$")
 _FINAL_NORM_KEY = re.compile(r"^model\.(?:language_model\.)?norm\.weight$")
-
-
-def spaced_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """Evenly spaced target layers, the first and the last included; one drafter layer takes the last."""
-    if num_draft_layers > num_target_layers:
-        raise ValueError(f"--init-layers-from-target: the drafter's {num_draft_layers} layers are more than the "
-                         f"target's {num_target_layers}; lower --num-draft-layers or drop the flag")
-    if num_draft_layers == 1:
-        return [num_target_layers - 1]
-    step = (num_target_layers - 1) / (num_draft_layers - 1)
-    return [int(round(j * step)) for j in range(num_draft_layers)]
 
 
 def norm_convention(module) -> str | None:
