@@ -171,7 +171,8 @@ def add_synthesized(args, cfg, out: str, data_dir: str, stats: dict, eval_prompt
     prompts = os.path.join(out, "data", "synth-prompts.jsonl")
     synth = synthesize_prompts(cfg.target_model, prompts, args.synthesize_prompts, batch_size=args.regen_batch_size,
                                device=device, seed=cfg.seed, held_out=(args.other_styles, eval_prompts),
-                               time_budget_s=args.regen_budget_s, reuse_only=shared, log=log)
+                               time_budget_s=args.regen_budget_s, system_prompts=args.synthesize_system_prompts,
+                               reuse_only=shared, log=log)
     log(f"synthesized prompts: {json.dumps(synth)}")
     synth_dir = os.path.join(out, "data", "synth")
     answered = prepare(cfg.target_model, [prompts], synth_dir, device=device, **regen_kwargs(args, cfg, shared))
@@ -245,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--synthesize-prompts", type=int, default=0, metavar="N",
                    help="also train on N prompts the target writes itself (dflash-synthesize-prompts with its "
                         "defaults, batch --regen-batch-size), never on either held-out set (default 0: none)")
+    g.add_argument("--synthesize-system-prompts", default=None, metavar="FILE",
+                   help="dflash-synthesize-prompts' --system-prompts for those prompts: system messages, one per "
+                        "line, that steer what the target asks (the trainer ships one: prep/synthesis_systems.txt)")
     g.add_argument("--data-root", default=None,
                    help="where the prompt split and the regenerated data live (default --out); a second proof "
                         "given the first one's --out reuses its data (prepare-data's fingerprint checks that "

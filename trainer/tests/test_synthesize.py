@@ -12,7 +12,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from dflash_trainer.prep.heldout import HeldOut, words
-from dflash_trainer.prep.synthesize import PromptFilter, _write, main, pre_query_ids, synthesize_prompts
+from dflash_trainer.prep.synthesize import (SHIPPED_SYSTEM_PROMPTS, PromptFilter, _write, main, pre_query_ids,
+                                            read_system_prompts, synthesize_prompts)
 
 # the tiny target writes a whole prompt (an end-of-turn within 128 tokens) in about 1 sample of 16
 TINY = dict(batch_size=64, max_attempts=128, seed=0, log=lambda *_: None)
@@ -111,3 +112,29 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path):
     with pytest.raises(OSError, match="No space left"):
         _write(str(out), broken())
     assert out.read_text() == before and os.listdir(tmp_path) == ["s.jsonl"]
+
+
+def test_system_prompts_take_turns_with_the_templates_own_prefix(chat_target, tmp_path):
+    tok = AutoTokenizer.from_pretrained(chat_target)
+    systems = tmp_path / "systems.txt"
+    systems.write_text("say red green blue\n\nsay blue\n")  # words the tiny tokenizer knows
+    assert read_system_prompts(str(systems)) == ["say red green blue", "say blue"]
+    own, steered = pre_query_ids(tok), pre_query_ids(tok, "say red green blue")
+    assert "system say red green blue" in tok.decode(steered) and "red" not in tok.decode(own)
+    assert steered[-len(own):] == own  # the tiny template has no default system prompt: both end at the user's turn
+    out = tmp_path / "s.jsonl"
+    stats = synthesize_prompts(chat_target, str(out), 6, system_prompts=str(systems), **TINY)
+    assert len(stats["kept_by_system_prompt"]) == 3 and sum(stats["kept_by_system_prompt"]) == stats["kept"]
+    assert json.load(open(f"{out}.stats.json"))["settings"]["system_prompts"] == read_system_prompts(str(systems))
+    # the same file: reused; without it: another synthesis (and one made before the flag existed stays reusable)
+    assert synthesize_prompts(chat_target, str(out), 6, system_prompts=str(systems), **TINY)["reused"]
+    plain = synthesize_prompts(chat_target, str(out), 6, **TINY)
+    assert not plain["reused"] and "kept_by_system_prompt" not in plain
+    assert "system_prompts" not in json.load(open(f"{out}.stats.json"))["settings"]
+    # the shipped file reads, and an empty one is refused before anything is sampled
+    assert len(read_system_prompts(SHIPPED_SYSTEM_PROMPTS)) == 8
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="holds no system message"):
+        synthesize_prompts(chat_target, str(tmp_path / "e.jsonl"), 6, system_prompts=str(empty), **TINY)
+    assert not (tmp_path / "e.jsonl").exists()

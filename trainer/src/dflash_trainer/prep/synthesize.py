@@ -15,6 +15,10 @@ the rule of heldout.py, as dflash-prepare-data applies it). Sampling stops at --
     dflash-synthesize-prompts --target-model TARGET_DIR --out synth.jsonl --num-prompts 20000 --device cuda \
         --batch-size 2048
 
+--system-prompts FILE (one system message per non-blank line) steers what is asked: the samples take turns between
+the template's own prefix and one per system message (the template rendered with that system message up to the
+user's turn), e.g. "Users ask you to write small programs in Rust, Go, SQL, ..."; the stats count what each kept.
+
 The file is written atomically with a record of its settings (`<out>.stats.json`); a rerun with the same settings
 reuses it without sampling, and any other settings write it again.
 """
@@ -38,15 +42,32 @@ from .heldout import OTHER_STYLES, HeldOut, words
 from .sources import file_sha256
 
 PROG = "dflash-synthesize-prompts"
+# Broad kinds of assistant requests, one system message each, for --system-prompts (the proof's
+# --synthesize-system-prompts); they name kinds of requests the other-styles set was also written in (PROOF.md)
+SHIPPED_SYSTEM_PROMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "synthesis_systems.txt")
 _SENTINEL = "\x00dflash-user-message\x00"
 
 
-def pre_query_ids(tokenizer) -> list[int]:
-    """The chat template rendered up to where a user's message starts (the sentinel user message cut off)."""
-    text = render(tokenizer, [{"role": "user", "content": _SENTINEL}], add_generation_prompt=False)
+def pre_query_ids(tokenizer, system: str | None = None) -> list[int]:
+    """The chat template rendered up to where a user's message starts (the sentinel user message cut off), after
+    `system` as the system message when given (else the template's own default, if any)."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": _SENTINEL}]
+    text = render(tokenizer, messages, add_generation_prompt=False)
     if _SENTINEL not in text:
         raise ValueError("the target's chat template drops the user's message; synthesize with another target")
+    if system and system not in text:
+        raise ValueError("the target's chat template drops the system message; leave --system-prompts out")
     return tokenizer(text[:text.index(_SENTINEL)], add_special_tokens=False)["input_ids"]
+
+
+def read_system_prompts(path: str | None) -> list[str]:
+    if path is None:
+        return []
+    with open(path, encoding="utf-8") as f:
+        systems = [line.strip() for line in f if line.strip()]
+    if not systems:
+        raise ValueError(f"--system-prompts {path} holds no system message; give one per line or leave it out")
+    return systems
 
 
 def stats_path_of(out_path: str) -> str:
@@ -54,10 +75,14 @@ def stats_path_of(out_path: str) -> str:
 
 
 def _settings(target_model: str, num_prompts: int, temperature: float, max_new_tokens: int, min_words: int,
-              max_attempts: int, seed: int, held_out: tuple[str, ...]) -> dict:
-    return {"target_model": os.path.abspath(target_model), "num_prompts": num_prompts, "temperature": temperature,
-            "max_new_tokens": max_new_tokens, "min_words": min_words, "max_attempts": max_attempts, "seed": seed,
-            "held_out": {os.path.abspath(p): file_sha256(p) for p in (OTHER_STYLES, *held_out)}}
+              max_attempts: int, seed: int, held_out: tuple[str, ...], systems: list[str]) -> dict:
+    settings = {"target_model": os.path.abspath(target_model), "num_prompts": num_prompts,
+                "temperature": temperature, "max_new_tokens": max_new_tokens, "min_words": min_words,
+                "max_attempts": max_attempts, "seed": seed,
+                "held_out": {os.path.abspath(p): file_sha256(p) for p in (OTHER_STYLES, *held_out)}}
+    if systems:  # absent without them: a synthesis made before the flag existed is still reused
+        settings["system_prompts"] = systems
+    return settings
 
 
 def reusable(out_path: str, settings: dict) -> dict | None:
@@ -103,7 +128,7 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
                        max_new_tokens: int = 128, min_words: int = 3, max_attempts: int | None = None,
                        batch_size: int = 64, engine: str = "auto", device: str = "auto", seed: int = 0,
                        held_out: tuple[str, ...] = (), time_budget_s: float | None = None,
-                       reuse_only: bool = False, log=print) -> dict:
+                       system_prompts: str | None = None, reuse_only: bool = False, log=print) -> dict:
     """Samples prompts from the target into `out_path` (JSONL chat rows); returns the stats, also written with
     the settings to `<out_path>.stats.json`. max_attempts: at most this many samples (default 4 x num_prompts);
     reuse_only: an earlier synthesis of these settings must be there (another run's data, never rewritten)."""
@@ -117,8 +142,9 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
     if max_attempts < num_prompts:
         raise ValueError(f"--max-attempts {max_attempts} is below --num-prompts {num_prompts}; raise it")
     guard = HeldOut.from_files([OTHER_STYLES, *held_out])  # a bad --held-out file fails before any sampling
+    systems = read_system_prompts(system_prompts)
     settings = _settings(target_model, num_prompts, temperature, max_new_tokens, min_words, max_attempts, seed,
-                         held_out)
+                         held_out, systems)
     done = reusable(out_path, settings)
     if done is not None:
         log(f"{PROG}: {out_path} already holds {done['kept']} prompts of these settings; reusing it")
@@ -130,28 +156,34 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
     tokenizer = AutoTokenizer.from_pretrained(target_model)
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"the tokenizer in {target_model} has no chat template; synthesis needs one")
-    prefix = pre_query_ids(tokenizer)
+    prefixes = [pre_query_ids(tokenizer)] + [pre_query_ids(tokenizer, system) for system in systems]
     gen = Generator(target_model, tokenizer, engine, device, temperature, max_new_tokens, batch_size, seed)
     keep = PromptFilter(tokenizer, gen.eos, min_words, guard)
     log(f"{PROG}: sampling with {gen.engine}, temperature {temperature}, <= {max_new_tokens} tokens, batch "
         f"{batch_size}, until {num_prompts} prompts (at most {max_attempts} samples)")
     kept, refused, attempts, surplus, t0 = [], Counter(), 0, 0, time.time()
+    kept_by_prefix = [0] * len(prefixes)
     while len(kept) < num_prompts and attempts < max_attempts:
         if time_budget_s is not None and time.time() - t0 > time_budget_s:
             log(f"{PROG}: time budget {time_budget_s:.0f} s reached after {attempts} samples")
             break
         n = min(batch_size, max_attempts - attempts)
-        for generated in gen.generate([prefix] * n, [max_new_tokens] * n, seed * 1_000_003 + attempts):
+        turns = [(attempts + i) % len(prefixes) for i in range(n)]  # the samples take turns between the prefixes
+        batch = gen.generate([prefixes[t] for t in turns], [max_new_tokens] * n, seed * 1_000_003 + attempts)
+        for turn, generated in zip(turns, batch):
             why, text = keep.reason(generated)
             if why:
                 refused[why] += 1
             elif len(kept) < num_prompts:
                 kept.append(text)
+                kept_by_prefix[turn] += 1
             else:  # good, but the last batch went past --num-prompts
                 surplus += 1
         attempts += n
     stats = {"kept": len(kept), "attempts": attempts, "surplus": surplus, "refused": dict(sorted(refused.items())),
              "seconds": round(time.time() - t0, 1), "engine": gen.engine, "reused": False}
+    if systems:  # kept per prefix: the template's own, then one per system message in file order
+        stats["kept_by_system_prompt"] = kept_by_prefix
     _write(out_path, kept)
     write_json_atomic(stats_path_of(out_path), {"settings": settings, "stats": stats}, indent=2)
     return stats
@@ -196,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a JSONL of held-out prompts (repeatable): an overlapping sample is refused; the other-styles "
                         "set always is")
     p.add_argument("--time-budget-s", type=float, default=d["time_budget_s"], help="stop sampling after this")
+    p.add_argument("--system-prompts", default=d["system_prompts"], metavar="FILE",
+                   help="system messages, one per line: the samples take turns between the template's own prefix "
+                        "and one rendered with each (steers what the target asks)")
     return p
 
 
@@ -206,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                                    max_new_tokens=args.max_new_tokens, min_words=args.min_words,
                                    max_attempts=args.max_attempts, batch_size=args.batch_size, engine=args.engine,
                                    device=args.device, seed=args.seed, held_out=tuple(args.held_out),
-                                   time_budget_s=args.time_budget_s)
+                                   time_budget_s=args.time_budget_s, system_prompts=args.system_prompts)
     except (ValueError, OSError) as e:
         print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
