@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from trainer_testlib import load_benchmark, read_heartbeat, read_metrics, run_proof_logged
 from dflash_trainer.loop import starting_weights, train
+from dflash_trainer.prep.synthesize import SHIPPED_SYSTEM_PROMPTS
 
 
 def tiny_proof(root, labels):
@@ -35,8 +36,9 @@ def hard_proof(tmp_path_factory):
 
 @pytest.mark.timeout(600)
 # the soft-label proof also trains on prompts the tiny target writes itself (--synthesize-prompts) and decodes
-# its evaluation in two processes (--eval-workers)
-@pytest.mark.parametrize("labels", [[], ["--use-soft-labels", "--synthesize-prompts", "16", "--eval-workers", "2"]],
+# its evaluation in two processes (--eval-workers), the synthesis steered by the shipped system messages
+@pytest.mark.parametrize("labels", [[], ["--use-soft-labels", "--synthesize-prompts", "16", "--eval-workers", "2",
+                                         "--synthesize-system-prompts", SHIPPED_SYSTEM_PROMPTS]],
                          ids=["hard", "soft"])
 def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
     out, report, log = request.getfixturevalue("hard_proof") if not labels else tiny_proof(tmp_path, labels)
@@ -83,6 +85,8 @@ def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
         return
     # the synthesized prompts: answered like the others, trained on beside them (one folder of links to both)
     assert 1 <= synth["prompts"]["kept"] == synth["data"]["num_input_rows"] <= 16
+    # steered by the shipped system messages: the template's own prefix and each of the eight took turns
+    assert len(synth["prompts"]["kept_by_system_prompt"]) == 9
     data_dir = out / "data" / "with-synth"
     assert result["train_command"][result["train_command"].index("--data-dir") + 1] == str(data_dir)
     shards = sorted(os.listdir(data_dir))
