@@ -52,7 +52,7 @@ from dflash_trainer import cli
 from dflash_trainer.config import find_mask_token_id
 from dflash_trainer.prep.heldout import OTHER_STYLES, load_prompts
 from dflash_trainer.prep.prepare_data import add_regeneration_flags, check_regeneration, prepare
-from dflash_trainer.prep.synthesize import synthesize_prompts
+from dflash_trainer.prep.synthesize import read_system_prompts, synthesize_prompts
 
 from . import proof_eval, proof_report
 
@@ -301,6 +301,11 @@ def parse_args(argv):
         p.error("--eval-workers must be at least 1")
     if args.synthesize_prompts < 0:
         p.error("--synthesize-prompts must be 0 (none) or more")
+    if args.synthesize_system_prompts:  # read now: a bad file would otherwise fail after the regeneration
+        try:
+            read_system_prompts(args.synthesize_system_prompts)
+        except (OSError, ValueError) as e:
+            p.error(f"--synthesize-system-prompts: {' '.join(str(e).split())}")
     if args.num_other_styles is not None and args.num_other_styles < 1:
         p.error("--num-other-styles must be at least 1 (leave it out for all)")
     try:

@@ -114,3 +114,17 @@ def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(two_d
     assert err.startswith("proof_smollm2.py: error: --data-root") and "another prompt split" in err
     assert len(err.splitlines()) == 1
     assert {p: open(p).read() for p in first.glob("*prompts*.jsonl")} == split
+
+
+def test_a_bad_system_prompts_file_is_refused_before_anything_runs(tmp_path, capsys):
+    driver = load_benchmark("proofs.proof_smollm2")
+    empty = tmp_path / "systems.txt"
+    empty.write_text("\n")
+    for path, message in ((tmp_path / "missing.txt", "No such file"), (empty, "holds no system message")):
+        with pytest.raises(SystemExit) as exc:
+            driver.main(["--tiny", "--out", str(tmp_path / "proof"), "--device", "cpu", "--synthesize-prompts", "4",
+                         "--synthesize-system-prompts", str(path)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "error: --synthesize-system-prompts: " in err and message in err  # argparse names the program
+        assert not os.path.exists(tmp_path / "proof")
