@@ -26,7 +26,6 @@ reuses it without sampling, and any other settings write it again.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import inspect
 import json
 import os
@@ -34,7 +33,7 @@ import sys
 import time
 from collections import Counter
 
-from dflash_trainer.telemetry.heartbeat import write_json_atomic
+from dflash_trainer.telemetry.heartbeat import write_json_atomic, write_text_atomic
 
 from .chat_tokens import render
 from .generate import Generator
@@ -190,17 +189,10 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
 
 
 def _write(out_path: str, prompts: list[str]) -> None:
+    """The chat rows, written then renamed: a failure leaves the old file (or none), never a temp file."""
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    tmp = f"{out_path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for text in prompts:
-                f.write(json.dumps({"messages": [{"role": "user", "content": text}]}, ensure_ascii=False) + "\n")
-        os.replace(tmp, out_path)
-    except BaseException:  # a full disk or an interrupt leaves the old file (or none), never a temp file
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    write_text_atomic(out_path, "".join(json.dumps({"messages": [{"role": "user", "content": text}]},
+                                                   ensure_ascii=False) + "\n" for text in prompts))
 
 
 def synthesize_defaults() -> dict:

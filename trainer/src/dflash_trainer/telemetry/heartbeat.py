@@ -23,12 +23,16 @@ RESERVE_BYTES = 1 << 20  # many heartbeats and the error lines of the log
 
 def write_json_atomic(path: str, payload, indent: int | None = None) -> None:
     """Write then rename: os.replace is atomic within one filesystem, so readers see old or new."""
+    write_text_atomic(path, json.dumps(payload, indent=indent) + "\n")
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """write_json_atomic's write then rename, for any text (UTF-8)."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
-            json.dump(payload, f, indent=indent)
-            f.write("\n")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
