@@ -49,7 +49,7 @@ from .timing import device_sync, timed_calls
 
 # The trainer flags this benchmark takes: dflash-train's own (declaration, defaults and checks in config/train_config.py).
 TRAIN_FLAGS = ("device", "block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "lr", "weight_decay",
-               "grad_clip", "noise_end", "head_chunk_size", "use_soft_labels")
+               "grad_clip", "noise_end", "head_chunk_size", "use_soft_labels", "soft_label_temperature")
 # Named shapes: the model's (no target is loaded, so its shape is given here) and a dflash-train command line
 # for the drafter's flags, given before the user's (which win); without --preset, tiny-cpu. A flag that
 # neither sets has dflash-train's default.
@@ -179,7 +179,8 @@ def main(argv=None) -> int:
         os.environ["DFLASH_EAGER_HEAD_LOSS"] = "1" if head_loss == "eager" else "0"
         return drafter_micro_batch(drafter, taps, last if label == "soft" else None, input_ids, loss_mask, lengths,
                                    max_anchors=train["max_anchors"], gamma=train["gamma"], noise_amplitude=noise,
-                                   seed=seed, head_chunk_size=train["head_chunk_size"])
+                                   seed=seed, head_chunk_size=train["head_chunk_size"],
+                                   soft_label_temperature=train["soft_label_temperature"])
 
     def step(i):
         out = micro_batch(*state["variant"], seed=derived_seed(0, i), noise=train["noise_end"])

@@ -177,7 +177,8 @@ def test_tile_padding_leaves_the_loss_unchanged(lengths, max_anchors):
     for tile_shapes in (False, True):
         d.zero_grad()
         out = drafter_micro_batch(d, taps, last, ids, loss_mask, lengths, max_anchors=max_anchors, gamma=4.0,
-                                  noise_amplitude=0.05, seed=7, head_chunk_size=64, tile_shapes=tile_shapes)
+                                  noise_amplitude=0.05, seed=7, head_chunk_size=64, soft_label_temperature=1.0,
+                                  tile_shapes=tile_shapes)
         out.loss.backward()
         results.append((out.loss.detach(), d.fc.weight.grad.clone(), d.layers[0].mlp.up_proj.weight.grad.clone()))
     (loss, g_fc, g_up), (loss_t, g_fc_t, g_up_t) = results

@@ -32,6 +32,8 @@ CASES = {
     "gpus without cuda": (["--target-gpus", "0,1", "--drafter-gpus", "2"], "CUDA"),
     "bad gpu list": (["--target-gpus", "a,b"], "--target-gpus"),
     "unknown flag": (["--frobnicate"], "--help"),
+    "temperature without soft labels": (["--soft-label-temperature", "0.5"], "add --use-soft-labels"),
+    "temperature zero": (["--use-soft-labels", "--soft-label-temperature", "0"], "--soft-label-temperature is 0"),
 }
 
 

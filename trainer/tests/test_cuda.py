@@ -134,7 +134,8 @@ def test_compiled_layers_train_through_changing_batch_shapes_on_cuda():
         taps = [torch.randn(B, T, 576, device="cuda", dtype=torch.bfloat16) for _ in range(5)]
         last = torch.randn(B, T, 576, device="cuda", dtype=torch.bfloat16)
         out = drafter_micro_batch(d, taps, last, ids, loss_mask, lengths, max_anchors=256, gamma=7.0,
-                                  noise_amplitude=0.05, seed=i, head_chunk_size=4096)
+                                  noise_amplitude=0.05, seed=i, head_chunk_size=4096,
+                                  soft_label_temperature=1.0)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -46,7 +46,8 @@ def loss_and_grad(d):
     ids = torch.randint(0, 250, (B, T), generator=g)
     taps = [torch.randn(B, T, 64, generator=g) for _ in range(2)]
     out = drafter_micro_batch(d, taps, None, ids, torch.ones(B, T, dtype=torch.bool), torch.full((B,), T),
-                              max_anchors=4, gamma=4.0, noise_amplitude=0.0, seed=1, head_chunk_size=64)
+                              max_anchors=4, gamma=4.0, noise_amplitude=0.0, seed=1, head_chunk_size=64,
+                              soft_label_temperature=1.0)
     out.loss.backward()
     return float(out.loss), d.layers[0].mlp.up_proj.weight.grad.flatten()
 

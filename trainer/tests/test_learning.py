@@ -20,7 +20,8 @@ def _loss_curve(tiny, soft, steps=40):
     losses = []
     for step in range(steps):
         out = drafter_micro_batch(drafter, taps, last, batch.input_ids, batch.loss_mask, batch.lengths,
-                                  max_anchors=16, gamma=4.0, noise_amplitude=0.01, seed=step, head_chunk_size=64)
+                                  max_anchors=16, gamma=4.0, noise_amplitude=0.01, seed=step, head_chunk_size=64,
+                                  soft_label_temperature=1.0)
         out.loss.backward()
         opt.step()
         opt.zero_grad()

@@ -96,3 +96,32 @@ def test_padded_fixed_shape_chunks_equal_reference(soft, compiled, monkeypatch):
     assert correct.shape == (37,)
     assert torch.allclose(total, ref, rtol=1e-5, atol=1e-5)
     assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+def test_soft_label_temperature_chunked_equals_reference(temperature, compiled, monkeypatch):
+    """--soft-label-temperature divides the target's logits before the softmax, in every chunking and compiled."""
+    if compiled:
+        monkeypatch.setattr(loss, "compile_head_loss", lambda device: True)
+    hidden, weight, labels, w, target = _inputs(True)
+    total, correct = chunked_head_loss(hidden, weight, labels, w, target, chunk=16, temperature=temperature)
+    (grad,) = torch.autograd.grad(total, hidden)
+    ref = reference_head_loss(hidden, weight, labels, w, target, temperature=temperature)
+    (ref_grad,) = torch.autograd.grad(ref, hidden)
+    assert torch.allclose(total, ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-5)
+    untempered, correct_1 = chunked_head_loss(hidden, weight, labels, w, target, chunk=16)
+    assert not torch.allclose(total, untempered, rtol=1e-3)          # the flag changes the objective
+    assert torch.equal(correct, correct_1)                           # but not which token is the target's top
+
+
+def test_a_low_temperature_approaches_cross_entropy_on_the_targets_top_token():
+    """T -> 0 turns the target's distribution into its argmax: the loss tends to CE against that token."""
+    hidden, weight, _, w, target = _inputs(True)
+    top = (target @ weight.T).argmax(-1)
+    hard, _ = chunked_head_loss(hidden, weight, top, w, None, chunk=8)
+    cold, _ = chunked_head_loss(hidden, weight, top, w, target, chunk=8, temperature=1e-3)
+    warm, _ = chunked_head_loss(hidden, weight, top, w, target, chunk=8, temperature=1.0)
+    assert torch.allclose(cold, hard, rtol=1e-4)
+    assert abs(float((warm - hard).detach())) > 1e-2

@@ -21,8 +21,9 @@ from dflash_trainer.model.blocks import block_labels, slot_weights
 from dflash_trainer.config import HEAD_CHUNK_BYTES, HEAD_CHUNK_MAX_ROWS
 
 
-def _hard_chunk(h, weight_VH, y, w, need_grad: bool):
-    """CE against the data token for one chunk: (Σ w·ℓ, top-1 correct, d(Σ w·ℓ)/dh or None)."""
+def _hard_chunk(h, weight_VH, y, w, need_grad: bool, temperature: float):
+    """CE against the data token for one chunk: (Σ w·ℓ, top-1 correct, d(Σ w·ℓ)/dh or None). `temperature` is
+    unused (one signature with _soft_chunk): a token has no distribution to sharpen."""
     logp = torch.log_softmax((h @ weight_VH.T).float(), dim=-1)              # [n, V]
     total = -(logp.gather(1, y[:, None]).squeeze(1) * w).sum()
     correct = logp.argmax(-1) == y
@@ -32,10 +33,10 @@ def _hard_chunk(h, weight_VH, y, w, need_grad: bool):
     return total, correct, (dlogits * w[:, None]).to(weight_VH.dtype) @ weight_VH
 
 
-def _soft_chunk(h, weight_VH, t, w, need_grad: bool):
-    """KL(p_target || p_draft) for one chunk, the target distribution being softmax(t @ W.T)."""
+def _soft_chunk(h, weight_VH, t, w, need_grad: bool, temperature: float):
+    """KL(p_target || p_draft) for one chunk, the target distribution being softmax(t @ W.T / temperature)."""
     logp = torch.log_softmax((h @ weight_VH.T).float(), dim=-1)
-    logq = torch.log_softmax((t @ weight_VH.T).float(), dim=-1)
+    logq = torch.log_softmax((t @ weight_VH.T).float() / temperature, dim=-1)
     q = logq.exp()
     total = ((q * (logq - logp)).sum(-1) * w).sum()
     correct = logp.argmax(-1) == logq.argmax(-1)
@@ -64,6 +65,13 @@ def describe_head_chunk(vocab: int, requested: int | None) -> str:
     return f"{rows} rows (default: fp32 logits within {HEAD_CHUNK_BYTES >> 20} MiB at vocab {vocab})"
 
 
+def describe_labels(cfg) -> str:
+    """The words of dflash-train's labels in its `drafter:` log line: hard, soft, or soft at a temperature."""
+    if not cfg.use_soft_labels:
+        return "hard"
+    return "soft" if cfg.soft_label_temperature == 1.0 else f"soft (temperature {cfg.soft_label_temperature:g})"
+
+
 @functools.cache
 def _compiled(fn):
     # Fixed chunk shapes (the last chunk is padded), so each variant compiles once per process.
@@ -79,7 +87,7 @@ def compile_head_loss(device: torch.device) -> bool:
 
 class _ChunkedHeadLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden_NH, weight_VH, labels_N, row_w_N, target_NH, chunk: int):
+    def forward(ctx, hidden_NH, weight_VH, labels_N, row_w_N, target_NH, chunk: int, temperature: float):
         need_grad = ctx.needs_input_grad[0]
         N = hidden_NH.shape[0]
         soft = target_NH is not None
@@ -99,7 +107,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                 pad = chunk - (e - s)
                 h, w = F.pad(h, (0, 0, 0, pad)), F.pad(w, (0, pad))
                 other = F.pad(other, (0, 0, 0, pad) if soft else (0, pad))
-            part, ok, g = fn(h, weight_VH, other, w, need_grad)
+            part, ok, g = fn(h, weight_VH, other, w, need_grad, temperature)
             total += part
             correct[s:e] = ok[:e - s]
             if need_grad:
@@ -111,23 +119,25 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total, grad_correct):
         (grad,) = ctx.saved_tensors
-        return grad * grad_total.to(grad.dtype), None, None, None, None, None
+        return grad * grad_total.to(grad.dtype), None, None, None, None, None, None
 
 
-def chunked_head_loss(hidden_NH, weight_VH, labels_N, row_w_N, target_NH=None, chunk: int | None = None):
+def chunked_head_loss(hidden_NH, weight_VH, labels_N, row_w_N, target_NH=None, chunk: int | None = None,
+                      temperature: float = 1.0):
     """Σ_rows w·ℓ (not normalized) and per-row top-1 correctness. ℓ = CE(labels) or KL(target || draft)
-    where the target distribution is softmax(target_NH @ weight.T). chunk None: head_chunk_rows' default."""
+    where the target distribution is softmax(target_NH @ weight.T / temperature) (1.0: the target's own; the
+    flag's value comes from --soft-label-temperature). chunk None: head_chunk_rows' default."""
     rows = head_chunk_rows(weight_VH.shape[0], chunk)
-    return _ChunkedHeadLoss.apply(hidden_NH, weight_VH, labels_N, row_w_N, target_NH, rows)
+    return _ChunkedHeadLoss.apply(hidden_NH, weight_VH, labels_N, row_w_N, target_NH, rows, float(temperature))
 
 
-def reference_head_loss(hidden_NH, weight_VH, labels_N, row_w_N, target_NH=None):
+def reference_head_loss(hidden_NH, weight_VH, labels_N, row_w_N, target_NH=None, temperature: float = 1.0):
     """Unchunked, autograd-only version of chunked_head_loss, for tests."""
     logits = hidden_NH.float() @ weight_VH.float().T
     if target_NH is None:
         per_row = F.cross_entropy(logits, labels_N, reduction="none")
     else:
-        logq = torch.log_softmax(target_NH.float() @ weight_VH.float().T, dim=-1)
+        logq = torch.log_softmax(target_NH.float() @ weight_VH.float().T / temperature, dim=-1)
         per_row = F.kl_div(torch.log_softmax(logits, -1), logq, log_target=True, reduction="none").sum(-1)
     return (per_row * row_w_N).sum()
 
@@ -141,10 +151,12 @@ class LossOutput:
 
 
 def dflash_loss(hidden_BQH, lm_head_weight, input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA,
-                block_size: int, gamma: float, target_last_BTH=None, chunk: int | None = None) -> LossOutput:
+                block_size: int, gamma: float, target_last_BTH=None, chunk: int | None = None,
+                soft_label_temperature: float = 1.0) -> LossOutput:
     """The docs/dflash.md objective for one micro-batch of drafter outputs.
 
-    target_last_BTH: the target's final-normed last hidden state; given -> soft labels from index a+k-1."""
+    target_last_BTH: the target's final-normed last hidden state; given -> soft labels from index a+k-1, the
+    target's logits divided by soft_label_temperature."""
     B, A = anchors_BA.shape
     labels, m = block_labels(input_ids_BT, loss_mask_BT, lengths_B, anchors_BA, valid_BA, block_size)
     w_S = slot_weights(block_size, gamma, device=hidden_BQH.device)
@@ -157,7 +169,8 @@ def dflash_loss(hidden_BQH, lm_head_weight, input_ids_BT, loss_mask_BT, lengths_
         pos = (anchors_BA[:, :, None] + torch.arange(block_size, device=anchors_BA.device) - 1).clamp(min=0)
         flat = (pos + torch.arange(B, device=pos.device)[:, None, None] * target_last_BTH.shape[1]).flatten()[keep]
         target = target_last_BTH.reshape(-1, target_last_BTH.shape[-1])[flat]
-    total, correct = chunked_head_loss(hidden, lm_head_weight, labels.flatten()[keep], row_w[keep], target, chunk)
+    total, correct = chunked_head_loss(hidden, lm_head_weight, labels.flatten()[keep], row_w[keep], target, chunk,
+                                       soft_label_temperature)
     denom = row_w.sum().clamp(min=1e-6)
     slot = keep % block_size
     slot_correct = torch.zeros(block_size, device=hidden.device).index_add_(0, slot, correct.float())

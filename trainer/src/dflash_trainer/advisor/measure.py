@@ -110,7 +110,8 @@ def drafter_seconds(cfg, drafter_cfg, num_taps: int, target, device, log) -> dic
 
     def micro_batch(i):
         out = drafter_micro_batch(drafter, taps, last, ids, mask, lengths, max_anchors=cfg.max_anchors,
-                                  gamma=cfg.gamma, noise_amplitude=0.0, seed=i, head_chunk_size=cfg.head_chunk_size)
+                                  gamma=cfg.gamma, noise_amplitude=0.0, seed=i, head_chunk_size=cfg.head_chunk_size,
+                                  soft_label_temperature=cfg.soft_label_temperature)
         out.loss.backward()
 
     def timed(fn, calls):

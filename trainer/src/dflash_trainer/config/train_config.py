@@ -155,6 +155,10 @@ class TrainConfig:
     noise_end: float = flag(0.01, parse=parse_float, group=METHOD, help="noise amplitude at the end")
     use_soft_labels: bool = flag(False, switch=True, group=METHOD,
                                  help="KL to the target's distribution instead of CE")
+    soft_label_temperature: float = flag(1.0, parse=parse_float, check=positive, group=METHOD, metavar="T",
+                                         help="with --use-soft-labels: the drafter learns softmax(target logits / T); "
+                                              "below 1 sharpens it toward the target's top token, the one greedy "
+                                              "decoding accepts (0.5 halves every log-odds gap's softness)")
     mask_token_id: int | None = flag(None, parse=parse_int, group=METHOD,
                                      help="default: <|MASK|> from the target's added_tokens.json or tokenizer.json")
     target_layer_ids: list[int] | None = flag(None, parse=parse_int_list, group=METHOD, metavar="I,J,...",
@@ -249,6 +253,9 @@ class TrainConfig:
                 and self.snapshot_minutes[-1] > self.time_budget_min:
             raise ValueError(f"--snapshot-minutes {self.snapshot_minutes[-1]:g} is past --time-budget-min "
                              f"{self.time_budget_min:g}; snapshot within the budget or raise it")
+        if self.soft_label_temperature != 1.0 and not self.use_soft_labels:
+            raise ValueError(f"--soft-label-temperature {self.soft_label_temperature:g} shapes soft labels only; "
+                             "add --use-soft-labels or leave the temperature out")
         if self.init_drafter and self.init_layers_from_target:
             raise ValueError("--init-drafter and --init-layers-from-target both choose the starting weights; "
                              "pass one of them")

@@ -144,7 +144,8 @@ def run_step(p: LoopParts, slots, lr: float, amp: float) -> StepResult:
             out = p.micro_batch(reducer.model, micro.taps, micro.last, micro.input_ids, micro.loss_mask,
                                 micro.lengths, max_anchors=cfg.max_anchors, gamma=cfg.gamma, noise_amplitude=amp,
                                 seed=derived_seed(cfg.seed, slot.step, slot.micro),
-                                head_chunk_size=cfg.head_chunk_size)
+                                head_chunk_size=cfg.head_chunk_size,
+                                soft_label_temperature=cfg.soft_label_temperature)
             (out.loss / cfg.grad_accum).backward()
         p.profile.add("drafter_fwd_bwd", time.perf_counter() - t_fwd)
         loss_sum = out.loss.detach() if loss_sum is None else loss_sum + out.loss.detach()
@@ -179,5 +180,6 @@ def pad_step(p: LoopParts, extra: int, step: int) -> None:
         with p.reducer.accumulating(i + 1 < extra):
             out = p.micro_batch(p.reducer.model, m.taps, m.last, m.input_ids, m.loss_mask, m.lengths,
                                 max_anchors=p.cfg.max_anchors, gamma=p.cfg.gamma, noise_amplitude=0.0,
-                                seed=derived_seed(p.cfg.seed, step, -1), head_chunk_size=p.cfg.head_chunk_size)
+                                seed=derived_seed(p.cfg.seed, step, -1), head_chunk_size=p.cfg.head_chunk_size,
+                                soft_label_temperature=p.cfg.soft_label_temperature)
             (out.loss * 0.0).backward()

@@ -31,7 +31,8 @@ def autocast_for(device: torch.device):
 def drafter_micro_batch(drafter: DFlashDrafter, taps: list[torch.Tensor], target_last: torch.Tensor | None,
                         input_ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor, lengths_B: torch.Tensor, *,
                         max_anchors: int, gamma: float, noise_amplitude: float, seed: int,
-                        head_chunk_size: int | None, tile_shapes: bool | None = None) -> LossOutput:
+                        head_chunk_size: int | None, soft_label_temperature: float,
+                        tile_shapes: bool | None = None) -> LossOutput:
     """Forward + loss for one micro-batch (the caller runs backward). Everything random is drawn from
     generators seeded by `seed`, so a resumed run reproduces the uninterrupted one exactly. `tile_shapes`
     (default: on CUDA, where flex attention runs) pads the shapes to whole attention tiles (pad_to_tiles)."""
@@ -56,7 +57,8 @@ def drafter_micro_batch(drafter: DFlashDrafter, taps: list[torch.Tensor], target
     with autocast_for(device):
         hidden = drafter(taps, block_ids, block_pos, mask)
     return dflash_loss(hidden, drafter.lm_head.weight, input_ids_BT, loss_mask_BT, lengths_B, anchors, valid,
-                       cfg.block_size, gamma, target_last_BTH=target_last, chunk=head_chunk_size)
+                       cfg.block_size, gamma, target_last_BTH=target_last, chunk=head_chunk_size,
+                       soft_label_temperature=soft_label_temperature)
 
 
 FLEX_TILE = 128  # flex attention's default block size (query and key tiles)

@@ -32,7 +32,7 @@ from dflash_trainer.loop.reducers import OneProcess
 from dflash_trainer.loop.sources import LocalTarget
 from dflash_trainer.loop.starting_weights import StartingWeights, apply, starting_weights
 from dflash_trainer.loop.train_state import TrainState, rng_state, set_rng_state  # noqa: F401 - importable here
-from dflash_trainer.loss import describe_head_chunk
+from dflash_trainer.loss import describe_head_chunk, describe_labels
 from dflash_trainer.loop.optimizer import drafter_adamw
 from dflash_trainer.loop.schedule import Schedule
 from dflash_trainer.loop.step import drafter_micro_batch
@@ -177,7 +177,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     log(f"target {cfg.target_model}: {drafter_cfg.num_target_layers} layers on {target_device}; taps {layer_ids}")
     log(f"drafter: {cfg.num_draft_layers} layers, hidden {drafter_cfg.hidden_size}, {num_params / 1e6:.2f} M "
         f"trainable params on {drafter_device}; block {cfg.block_size}, <= {cfg.max_anchors} anchors/sequence, "
-        f"gamma {cfg.gamma}, {'soft' if cfg.use_soft_labels else 'hard'} labels, mask token {cfg.mask_token_id}")
+        f"gamma {cfg.gamma}, {describe_labels(cfg)} labels, mask token {cfg.mask_token_id}")
     log(f"data: {len(dataset)} sequences, {int(dataset.lengths.sum())} tokens "
         f"({dataset.num_supervised_tokens} supervised); {batches} micro-batches/epoch")
     log(f"tokens per optimizer step: <= {cfg.token_budget} budget x {cfg.grad_accum} accumulation = "

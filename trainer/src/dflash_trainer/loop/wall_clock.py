@@ -84,7 +84,8 @@ def compile_warmup(cfg: TrainConfig, drafter, optimizer: torch.optim.Optimizer,
     for i, (taps, last, input_ids, loss_mask, lengths) in enumerate(micro_batches):
         out = drafter_micro_batch(drafter, taps, last, input_ids, loss_mask, lengths, max_anchors=cfg.max_anchors,
                                   gamma=cfg.gamma, noise_amplitude=0.0, seed=derived_seed(cfg.seed, -1, i),
-                                  head_chunk_size=cfg.head_chunk_size)
+                                  head_chunk_size=cfg.head_chunk_size,
+                                  soft_label_temperature=cfg.soft_label_temperature)
         out.loss.backward()
         count += 1
     optimizer.zero_grad(set_to_none=True)
