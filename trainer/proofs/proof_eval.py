@@ -33,6 +33,7 @@ import torch
 from dflash_trainer.eval.prompt_progress import PromptProgress
 from dflash_trainer.eval.evaluate import (eos_ids, evaluate, format_table, load_drafter, load_prompts, load_target,
                                           prompt_styles)
+from dflash_trainer.eval.spec_decode import PROMPT_LOOKUP_NGRAM
 from dflash_trainer.eval.workers import DecodePool
 from dflash_trainer.export.exporter import export_checkpoint
 from dflash_trainer.telemetry.heartbeat import write_json_atomic  # a reader (the driver) never sees half a file
@@ -43,7 +44,6 @@ from . import baseline_cache
 SNAPSHOTS = os.path.join("train", "snapshots.jsonl")
 # The prompt sets, in evaluation order: name -> the settings keys of their file and of their prompt count (None: all)
 SETS = {"split": ("eval_prompts", None), "other_styles": ("other_styles", "num_other_styles")}
-NGRAM = 3  # prompt lookup's longest n-gram, the baseline's
 
 
 def result_key(key: str, name: str) -> str:
@@ -142,7 +142,7 @@ class Evaluator:
         if cache_dir:  # baseline_cache.py: another proof on this data root may have decoded it already
             s = self.settings
             key, about = baseline_cache.baseline_key(s["target"], self.prompts, s["block_size"], s["max_new_tokens"],
-                                                     NGRAM, "float32", self.device)
+                                                     PROMPT_LOOKUP_NGRAM, "float32", self.device)
             cached = baseline_cache.load(cache_dir, key)
             if cached is not None:
                 self.log(f"baseline reused from {os.path.join(cache_dir, key)}.json (the same target, prompts, "
@@ -151,9 +151,9 @@ class Evaluator:
                 return
         sets = {}
         for name in SETS:
-            rep = self._evaluate(name, ngram=NGRAM, baseline=True, references=None)
+            rep = self._evaluate(name, ngram=PROMPT_LOOKUP_NGRAM, baseline=True, references=None)
             sets[name] = {"references": rep["references"], "target_only": rep["target_only"],
-                          "prompt_lookup": rep["methods"][f"prompt_lookup_n{NGRAM}"]}
+                          "prompt_lookup": rep["methods"][f"prompt_lookup_n{PROMPT_LOOKUP_NGRAM}"]}
             self.log(f"baseline, {name}:\n" + format_table(rep))
         baseline = {"sets": sets, "device": str(self.device)}
         if cache_dir:

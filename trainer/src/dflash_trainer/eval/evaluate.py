@@ -34,8 +34,8 @@ from dflash_trainer.eval.prompt_progress import PromptProgress, each
 from dflash_trainer.eval.decode_attention import use_plan_free_attention
 from dflash_trainer.prep.chat_tokens import prompt_messages
 from dflash_trainer.eval.workers import DecodePool
-from dflash_trainer.eval.spec_decode import (DFlashProposer, PromptLookupProposer, reference_greedy,
-                                        speculative_decode, summarize)
+from dflash_trainer.eval.spec_decode import (PROMPT_LOOKUP_NGRAM, DFlashProposer, PromptLookupProposer,
+                                             reference_greedy, speculative_decode, summarize)
 
 PROG = "dflash-eval"
 
@@ -180,7 +180,7 @@ def run_method(model, prompts, proposer, block_size, max_new_tokens, eos, refere
 
 
 def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, max_new_tokens: int,
-             eos: set[int], ngram: int = 3, baseline: bool = True, references=None,
+             eos: set[int], ngram: int = PROMPT_LOOKUP_NGRAM, baseline: bool = True, references=None,
              progress: PromptProgress | None = None, pool=None, drafter_path: str | None = None,
              styles: list[str | None] | None = None) -> dict:
     """The report dict; `references` (a previous report's) skips recomputing the greedy decodes; `progress`
@@ -261,7 +261,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_decoding_args(p)
-    p.add_argument("--ngram", type=int, default=3, help="longest n-gram the prompt-lookup baseline matches")
+    p.add_argument("--ngram", type=int, default=PROMPT_LOOKUP_NGRAM,
+                   help="longest n-gram the prompt-lookup baseline matches")
     p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--workers", type=int, default=1,
                    help="decoding processes on the device, each with its own copy of the target and drafter "

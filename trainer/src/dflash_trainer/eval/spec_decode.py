@@ -63,11 +63,14 @@ class OracleProposer(Proposer):
         return self.full[len(tokens):len(tokens) + num]
 
 
+PROMPT_LOOKUP_NGRAM = 3  # the baseline's longest n-gram: dflash-eval's --ngram default, the proof's baseline
+
+
 class PromptLookupProposer(Proposer):
     """Training-free n-gram drafting: find the most recent earlier occurrence of the last n tokens
     (n = max_ngram down to min_ngram) in prompt + output and propose the tokens that followed it."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = PROMPT_LOOKUP_NGRAM, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("--ngram must be >= 1 (min_ngram <= max_ngram)")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
