@@ -398,9 +398,9 @@ def run(args, train_argv: list[str], cfg) -> int:
     mask_id, mask_src = mask_token_for(args.target_model, cfg.mask_token_id)
     cfg = dataclasses.replace(cfg, mask_token_id=mask_id)
     if cfg.init_drafter or cfg.init_layers_from_target:  # refused (by dflash-train's own check) before any write
-        from dflash_trainer.loop.starting_weights import starting_weights
+        from dflash_trainer.loop.starting_weights import check_starting_weights
         from dflash_trainer.loop.train import drafter_config_for
-        starting_weights(cfg, drafter_config_for(cfg)[2])
+        check_starting_weights(cfg, drafter_config_for(cfg)[2])  # headers only: dflash-train reads the weights
     shared = data_root != out
     train_prompts, eval_prompts, n_train = split_prompts(args.prompts, data_root, args.num_eval, cfg.seed, shared)
     log(f"{n_train} training prompts, {args.num_eval} held out; mask token {mask_id} from {mask_src}")

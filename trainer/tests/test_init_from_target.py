@@ -5,6 +5,7 @@ converted to the drafter's convention; refusals come in one line before anything
 Real tiny targets saved by transformers (Qwen3, and the seed's Qwen3.5 family), real dflash-train runs."""
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -15,7 +16,8 @@ from trainer_testlib import start, torchrun_cmd, train_cmd
 from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
 from dflash_trainer.model.drafter import DrafterConfig, RMSNorm
 from dflash_trainer.config import spaced_layer_ids
-from dflash_trainer.model.from_target import _target_modules, layers_from_target, norm_convention
+from dflash_trainer.model.from_target import (_target_modules, layers_from_target, norm_convention,
+                                              plan_layers_from_target)
 from dflash_trainer.prep.make_tiny import write_target
 
 # an Adam step moves each weight by about lr: 1e-9 leaves the starting weights readable in the step-1 checkpoint
@@ -143,3 +145,58 @@ def test_the_check_before_a_restart_refuses_what_the_start_would(tiny, tmp_path)
     rc, err = check("--block-size", "8", "--init-drafter", find_latest(str(first)))
     assert rc == 2 and len(err) == 1 and "is another drafter (block_size 4 there, 8 here)" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def _renamed_layers_target(tiny, path):
+    """The tiny target with its decoder layers' tensors under other names: nothing for the drafter to copy."""
+    shutil.copytree(tiny["target"], path)
+    for name in os.listdir(path):
+        if name.endswith(".safetensors"):
+            tensors = load_file(os.path.join(path, name))
+            save_file({k.replace(".layers.", ".blocks."): v for k, v in tensors.items()}, os.path.join(path, name),
+                      metadata={"format": "pt"})
+    return str(path)
+
+
+def test_a_target_sharing_no_tensor_is_refused_by_the_check_from_the_headers_alone(tiny, tmp_path, monkeypatch):
+    """`shares no tensor` comes from the safetensors headers (plan_layers_from_target), so dflash-train --check
+    refuses it before a restart stops the live run, without reading a tensor."""
+    import safetensors
+    target = _renamed_layers_target(tiny, tmp_path / "renamed")
+    argv = train_cmd(tiny, tmp_path / "out", "--init-layers-from-target", "--num-draft-layers", "3")
+    argv[argv.index("--target-model") + 1] = target
+    proc = subprocess.run(argv[:3] + ["--check"] + argv[3:], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"dflash-train: error: --init-layers-from-target: the layers of {target} share no tensor of the same name "
+        "and shape with the drafter's; drop the flag"]
+    real = safetensors.safe_open
+
+    class HeadersOnly:
+        def __init__(self, *args, **kwargs):
+            self.f = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def keys(self):
+            return self.f.keys()
+
+        def get_slice(self, key):
+            return self.f.get_slice(key)
+
+        def get_tensor(self, key):
+            raise AssertionError(f"read {key}")
+
+    monkeypatch.setattr(safetensors, "safe_open", HeadersOnly)
+    from dflash_trainer.cli import config_from_args
+    from dflash_trainer.loop.train import drafter_config_for
+    cfg = config_from_args(train_cmd(tiny, tmp_path / "o", *STILL, "--mask-token-id", "7")[3:])
+    drafter_cfg = drafter_config_for(cfg)[2]
+    plan = plan_layers_from_target(tiny["target"], drafter_cfg)
+    assert {name for _, _, name in plan} >= {"layers.0.mlp.up_proj.weight", "norm.weight"}
+    with pytest.raises(ValueError, match="share no tensor"):
+        plan_layers_from_target(target, drafter_cfg)

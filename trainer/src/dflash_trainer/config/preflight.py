@@ -170,8 +170,9 @@ def check_kernels(cfg: TrainConfig, target_config: dict, cuda: bool | None = Non
 
 
 def check_start(cfg: TrainConfig) -> list[str]:
-    """--init-drafter and --init-layers-from-target refused as the start would refuse them, from the configs alone
-    (loop/starting_weights.py); imports torch and transformers (seconds), only when one of them is given."""
+    """--init-drafter and --init-layers-from-target refused as the start would refuse them, from the configs and the
+    target's safetensors headers (loop/starting_weights.py; no tensor read); imports torch and transformers
+    (seconds), only when one of them is given."""
     from dflash_trainer.loop.starting_weights import check_starting_weights
     from dflash_trainer.loop.train import drafter_config_for
     try:

@@ -12,7 +12,7 @@ import os
 import torch
 from safetensors.torch import load_file
 
-from dflash_trainer.config import StartupError, TrainConfig, spaced_layer_ids
+from dflash_trainer.config import StartupError, TrainConfig
 from dflash_trainer.export.exporter import drafter_config_from_export
 from dflash_trainer.loop.checkpoint import load_checkpoint
 from dflash_trainer.model.drafter import DrafterConfig
@@ -55,13 +55,14 @@ def initial_weights(path: str, cfg: DrafterConfig) -> dict[str, torch.Tensor]:
 
 
 def check_starting_weights(cfg: TrainConfig, drafter_cfg: DrafterConfig) -> None:
-    """What starting_weights refuses, from the configs alone (no weights read): for `dflash-train --check`, which
-    runs before a live run is stopped. StartupError with the refusal's line."""
+    """What starting_weights refuses, from the configs and the target's safetensors headers (no tensor read): for
+    `dflash-train --check`, which runs before a live run is stopped. StartupError with the refusal's line."""
     if cfg.init_drafter:
         _init_drafter_config(cfg.init_drafter, drafter_cfg)
     if cfg.init_layers_from_target:
+        from dflash_trainer.model.from_target import plan_layers_from_target
         try:
-            spaced_layer_ids(drafter_cfg.num_target_layers, drafter_cfg.num_hidden_layers)
+            plan_layers_from_target(cfg.target_model, drafter_cfg)
         except ValueError as e:
             raise StartupError(str(e)) from None
 

@@ -64,46 +64,67 @@ def _drafter_shapes(drafter_cfg) -> dict[str, torch.Size]:
     return {k: v.shape for k, v in drafter.trainable_state_dict().items()}
 
 
-def layers_from_target(model_dir: str, drafter_cfg) -> tuple[dict[str, torch.Tensor], str]:
-    """(the drafter tensors copied from the target, float32; the words of the log line). ValueError when the
-    target shares no tensor with the drafter's layers."""
+def plan_layers_from_target(model_dir: str, drafter_cfg) -> list[tuple[str, str, str]]:
+    """(safetensors file, target key, drafter name) of every tensor --init-layers-from-target copies, from the
+    files' headers only (no tensor read): what `dflash-train --check` refuses by, before a live run is stopped.
+    ValueError when the target shares no tensor with the drafter's layers."""
+    from safetensors import safe_open
     ids = spaced_layer_ids(drafter_cfg.num_target_layers, drafter_cfg.num_hidden_layers)
     source = {i: j for j, i in enumerate(ids)}  # target layer -> drafter layer
     shapes = _drafter_shapes(drafter_cfg)
-    layers, final_norm = _target_modules(model_dir)
-    conventions = {}
-
-    def convert(name: str, module_path, tensor: torch.Tensor) -> torch.Tensor | None:
-        if not name.endswith("norm.weight"):
-            return tensor
-        module = module_path()
-        kind = conventions.setdefault(type(module), norm_convention(module))
-        return {"plain": tensor, "offset": 1 + tensor}.get(kind)
-
-    state: dict[str, torch.Tensor] = {}
+    plan = []
     for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
-        from safetensors import safe_open
         with safe_open(path, "pt") as f:
             for key in f.keys():
                 layer = _LAYER_KEY.match(key)
                 if layer and int(layer.group(1)) in source:
-                    i, rest = int(layer.group(1)), layer.group(2)
-                    name = f"layers.{source[i]}.{rest}"
-                    module_path = (lambda i=i, rest=rest: layers[i].get_submodule(rest.rsplit(".", 1)[0]))
-                elif _FINAL_NORM_KEY.match(key) and final_norm is not None:
-                    name, module_path = "norm.weight", (lambda: final_norm)
+                    name = f"layers.{source[int(layer.group(1))]}.{layer.group(2)}"
+                elif _FINAL_NORM_KEY.match(key):
+                    name = "norm.weight"
                 else:
                     continue
-                if name not in shapes or tuple(f.get_slice(key).get_shape()) != tuple(shapes[name]):
-                    continue
-                tensor = convert(name, module_path, f.get_tensor(key).float())
+                if name in shapes and tuple(f.get_slice(key).get_shape()) == tuple(shapes[name]):
+                    plan.append((path, key, name))
+    if not any(name.startswith("layers.") for _, _, name in plan):
+        raise _shares_nothing(model_dir)
+    return plan
+
+
+def _shares_nothing(model_dir: str) -> ValueError:
+    return ValueError(f"--init-layers-from-target: the layers of {model_dir} share no tensor of the same name and "
+                      "shape with the drafter's; drop the flag")
+
+
+def layers_from_target(model_dir: str, drafter_cfg) -> tuple[dict[str, torch.Tensor], str]:
+    """(the drafter tensors copied from the target, float32; the words of the log line): plan_layers_from_target's
+    tensors, norms converted to the drafter's convention (a norm of neither convention stays random)."""
+    from safetensors import safe_open
+    ids = spaced_layer_ids(drafter_cfg.num_target_layers, drafter_cfg.num_hidden_layers)
+    plan = plan_layers_from_target(model_dir, drafter_cfg)
+    shapes = _drafter_shapes(drafter_cfg)
+    layers, final_norm = _target_modules(model_dir)
+    conventions = {}
+
+    def norm_module(key: str):
+        layer = _LAYER_KEY.match(key)
+        return final_norm if layer is None else layers[int(layer.group(1))].get_submodule(
+            layer.group(2).rsplit(".", 1)[0])
+
+    state: dict[str, torch.Tensor] = {}
+    for path in dict.fromkeys(path for path, _, _ in plan):
+        with safe_open(path, "pt") as f:
+            for key, name in [(key, name) for p, key, name in plan if p == path]:
+                tensor = f.get_tensor(key).float()
+                if name.endswith("norm.weight"):
+                    module = norm_module(key)
+                    kind = None if module is None else conventions.setdefault(type(module), norm_convention(module))
+                    tensor = {"plain": tensor, "offset": 1 + tensor}.get(kind)
                 if tensor is not None:
                     state[name] = tensor.contiguous()
-    if not any(k.startswith("layers.") for k in state):
-        raise ValueError(f"--init-layers-from-target: the layers of {model_dir} share no tensor of the same name "
-                         "and shape with the drafter's; drop the flag")
     in_layers = [k for k in shapes if k.startswith("layers.")]
     copied = [k for k in in_layers if k in state]
+    if not copied:  # every shared tensor was a norm of neither convention
+        raise _shares_nothing(model_dir)
     final = ", and the final norm" if "norm.weight" in state else ""
     left = f", {len(in_layers) - len(copied)} in the layers" if len(copied) < len(in_layers) else ""
     return state, (f"drafter layers from target layers {ids}: {len(copied)} of their {len(in_layers)} tensors "
