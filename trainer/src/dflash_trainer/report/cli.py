@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+from dflash_trainer.telemetry.heartbeat import write_text_atomic
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dflash-report", description=__doc__.split("\n\n")[0])
@@ -29,10 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dflash-report: {e}", file=sys.stderr)
         return 2
     out = args.out or os.path.join(args.run_dir, "report.html")
-    tmp = f"{out}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(render(run))
-    os.replace(tmp, out)
+    write_text_atomic(out, render(run))
     print(out)
     return 0
 

@@ -22,6 +22,7 @@ import secrets
 import string
 
 from dflash_trainer.config import StartupError, TrainConfig
+from dflash_trainer.telemetry.heartbeat import write_text_atomic
 
 RUN_ID_FILE = "wandb_run_id"
 
@@ -67,9 +68,7 @@ def run_id(run_dir: str) -> str:
     except FileNotFoundError:
         pass
     new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # W&B's id alphabet
-    with open(path + ".tmp", "w") as f:
-        f.write(new + "\n")
-    os.replace(path + ".tmp", path)
+    write_text_atomic(path, new + "\n")
     return new
 
 
