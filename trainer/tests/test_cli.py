@@ -33,6 +33,8 @@ CASES = {
     "bad gpu list": (["--target-gpus", "a,b"], "--target-gpus"),
     "unknown flag": (["--frobnicate"], "--help"),
     "temperature without soft labels": (["--soft-label-temperature", "0.5"], "add --use-soft-labels"),
+    "decay ratio without wsd": (["--lr-decay-ratio", "0.5"], "add --lr-schedule wsd"),
+    "decay ratio out of range": (["--lr-schedule", "wsd", "--lr-decay-ratio", "1.5"], "--lr-decay-ratio is 1.5"),
     "temperature zero": (["--use-soft-labels", "--soft-label-temperature", "0"], "--soft-label-temperature is 0"),
 }
 

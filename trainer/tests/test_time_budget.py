@@ -84,6 +84,31 @@ def test_lr_and_noise_follow_training_time_and_the_run_stops_at_the_budget(tiny,
 
 
 @pytest.mark.timeout(300)
+def test_wsd_holds_the_peak_then_decays_linearly_by_time_and_by_steps(tiny, tmp_path):
+    """--lr-schedule wsd: after warmup the peak lr is held, then it falls linearly to 0 over the last
+    --lr-decay-ratio of the rest of the run, by training time and by steps alike."""
+    out = tmp_path / "time"
+    _, status = _run(tiny, out, "--time-budget-min", "1", "--warmup-ratio", "0.2", "--lr-schedule", "wsd",
+                     "--lr-decay-ratio", "0.25")
+    assert status == 0
+    rows = read_metrics(out)
+    decay_from = 0.2 + 0.8 * 0.75          # the decay spans the last quarter of the 48 s after warmup: from 48 s
+    for r in rows:
+        frac = r["train_s"] / 60
+        factor = frac / 0.2 if frac < 0.2 else min(1.0, (1 - frac) / (1 - decay_from))
+        assert r["lr"] == pytest.approx(3e-3 * factor, rel=1e-9), r["step"]
+    assert [r["lr"] == pytest.approx(3e-3) for r in rows] == [False] + [True] * 7 + [False]   # 12..48 s held
+    out = tmp_path / "steps"
+    _, status = _run(tiny, out, "--max-steps", "10", "--warmup-ratio", "0.1", "--lr-schedule", "wsd",
+                     "--lr-decay-ratio", "0.5")
+    assert status == 0
+    lrs = [r["lr"] / 3e-3 for r in read_metrics(out)]
+    # warmup 1 step; steps 1..9 after it: progress (s-1)/9, held while <= 0.5, then (1 - progress) / 0.5
+    expected = [1.0] + [min(1.0, (1 - (s - 1) / 9) / 0.5) for s in range(1, 10)]
+    assert lrs == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.timeout(300)
 def test_compile_warmup_trains_nothing_and_skips_no_batch(tiny, tmp_path):
     _run(tiny, tmp_path / "plain", "--max-steps", "3")
     _run(tiny, tmp_path / "warm", "--max-steps", "3", "--compile-warmup-batches", "2")

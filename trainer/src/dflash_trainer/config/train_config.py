@@ -102,7 +102,14 @@ class TrainConfig:
     lr: float = flag(6e-4, parse=parse_float, group=OPTIMIZATION, help="peak AdamW learning rate")
     warmup_ratio: float = flag(0.04, parse=parse_float, group=OPTIMIZATION,
                                help="fraction of the run (optimizer steps, or the time budget) of linear warmup; "
-                                    "then cosine to 0")
+                                    "then --lr-schedule")
+    lr_schedule: str = flag("cosine", choices=("cosine", "wsd"), group=OPTIMIZATION,
+                            help="after warmup: cosine to 0, or wsd (warmup-stable-decay): the peak held, then "
+                                 "linear to 0 over the last --lr-decay-ratio (a snapshot taken before the decay "
+                                 "holds weights trained at the peak)")
+    lr_decay_ratio: float = flag(0.2, parse=parse_float, group=OPTIMIZATION, metavar="FRACTION",
+                                 help="with --lr-schedule wsd: the share of the run after warmup spent decaying "
+                                      "to 0, in (0, 1]")
     weight_decay: float = flag(0.01, parse=parse_float, group=OPTIMIZATION, help="AdamW weight decay")
     grad_accum: int = flag(4, parse=parse_int, check=at_least(1), group=OPTIMIZATION,
                            help="micro-batches per optimizer step")
@@ -253,7 +260,13 @@ class TrainConfig:
                 and self.snapshot_minutes[-1] > self.time_budget_min:
             raise ValueError(f"--snapshot-minutes {self.snapshot_minutes[-1]:g} is past --time-budget-min "
                              f"{self.time_budget_min:g}; snapshot within the budget or raise it")
-        if self.soft_label_temperature != 1.0 and not self.use_soft_labels:
+        if not 0 < self.lr_decay_ratio <= 1:
+            raise ValueError(f"--lr-decay-ratio is {self.lr_decay_ratio:g}; pass a share of the run in (0, 1], "
+                             "e.g. 0.2")
+        if self.lr_schedule != "wsd" and self.lr_decay_ratio != _DEFAULTS["lr_decay_ratio"]:
+            raise ValueError(f"--lr-decay-ratio shapes --lr-schedule wsd only; add --lr-schedule wsd or leave the "
+                             "ratio out")
+        if self.soft_label_temperature != _DEFAULTS["soft_label_temperature"] and not self.use_soft_labels:
             raise ValueError(f"--soft-label-temperature {self.soft_label_temperature:g} shapes soft labels only; "
                              "add --use-soft-labels or leave the temperature out")
         if self.init_drafter and self.init_layers_from_target:
@@ -274,6 +287,10 @@ class TrainConfig:
         if self.time_budget_min is not None:
             minutes.add(self.time_budget_min)
         return sorted(minutes)
+
+
+# Each field's declared default, for the checks that refuse a flag given where it has no effect.
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not MISSING}
 
 
 def option_name(f: dataclasses.Field) -> str:
