@@ -21,7 +21,8 @@ Steps (each writes into --out; proof.json and proof.md are rewritten while train
   b) dflash-prepare-data --regenerate answers the others with the target (batched generate, time-capped
      by --regen-budget-s) into parquet shards, one preparation per regeneration device;
      With --synthesize-prompts N, dflash-synthesize-prompts first has the target write N prompts of its own
-     (kept apart from both held-out sets), answered the same way and trained on beside the others;
+     (kept apart from both held-out sets), answered the same way and trained on beside the others; with
+     --extra-prompts FILE (e.g. proofs/extra_prompts.py's prompt sets) that file's prompts too;
   c) dflash-train --output-dir OUT/train --time-budget-min M --snapshot-minutes ...: one run whose learning rate
      and noise follow the training time over the budget; it keeps a checkpoint at each snapshot minute and at
      the end of the budget (OUT/train/snapshots/<M>min, listed in OUT/train/snapshots.jsonl);
@@ -176,10 +177,27 @@ def add_synthesized(args, cfg, out: str, data_dir: str, stats: dict, eval_prompt
     log(f"synthesized prompts: {json.dumps(synth)}")
     synth_dir = os.path.join(out, "data", "synth")
     answered = prepare(cfg.target_model, [prompts], synth_dir, device=device, **regen_kwargs(args, cfg, shared))
-    joined = os.path.join(out, "data", "with-synth")
+    return beside(out, data_dir, "synth", synth_dir), dict(stats, synthesized={"prompts": synth, "data": answered})
+
+
+def add_extra(args, cfg, out: str, data_dir: str, stats: dict, eval_prompts: str, device: str,
+              shared: bool) -> tuple[str, dict]:
+    """--extra-prompts FILE: another prompt set, answered like the others (its own preparation, data/extra; rows that
+    overlap either held-out set refused) and trained on beside them. Returns (data dir, stats)."""
+    extra_dir = os.path.join(out, "data", "extra")
+    kw = dict(regen_kwargs(args, cfg, shared), held_out=(args.other_styles, eval_prompts))
+    answered = prepare(cfg.target_model, [os.path.abspath(args.extra_prompts)], extra_dir, device=device, **kw)
+    return beside(out, data_dir, "extra", extra_dir), dict(stats, extra=answered)
+
+
+def beside(out: str, data_dir: str, name: str, other_dir: str) -> str:
+    """data/with-<names>: a folder of links to data_dir's shards and other_dir's (named <name>-<shard>), what
+    dflash-train reads to train on both (with-synth, with-extra, with-synth-extra)."""
+    base = os.path.basename(data_dir)
+    joined = os.path.join(out, "data", f"{base}-{name}" if base.startswith("with-") else f"with-{name}")
     link_shards({**{os.path.basename(p): p for p in parquet_shards(data_dir)},
-                 **{f"synth-{os.path.basename(p)}": p for p in parquet_shards(synth_dir)}}, joined)
-    return joined, dict(stats, synthesized={"prompts": synth, "data": answered})
+                 **{f"{name}-{os.path.basename(p)}": p for p in parquet_shards(other_dir)}}, joined)
+    return joined
 
 
 def cpu_share(processes: int) -> int:
@@ -249,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--synthesize-system-prompts", default=None, metavar="FILE",
                    help="dflash-synthesize-prompts' --system-prompts for those prompts: system messages, one per "
                         "line, that steer what the target asks (the trainer ships one: prep/synthesis_systems.txt)")
+    g.add_argument("--extra-prompts", default=None, metavar="FILE",
+                   help="also train on this file's prompts (JSONL chat rows {\"messages\": [...]}, e.g. written by "
+                        "python -m proofs.extra_prompts --out FILE), answered like the others, never on either "
+                        "held-out set (default: none)")
     g.add_argument("--data-root", default=None,
                    help="where the prompt split and the regenerated data live (default --out); a second proof "
                         "given the first one's --out reuses its data (prepare-data's fingerprint checks that "
@@ -306,6 +328,12 @@ def parse_args(argv):
             read_system_prompts(args.synthesize_system_prompts)
         except (OSError, ValueError) as e:
             p.error(f"--synthesize-system-prompts: {' '.join(str(e).split())}")
+    if args.extra_prompts:  # read now: a bad file would otherwise fail after the regeneration
+        try:
+            if not load_prompts(args.extra_prompts, what="--extra-prompts"):
+                raise ValueError(f"--extra-prompts {args.extra_prompts}: it holds no prompt; pass a JSONL of prompts")
+        except (OSError, ValueError) as e:
+            p.error(" ".join(str(e).split()))
     if args.num_other_styles is not None and args.num_other_styles < 1:
         p.error("--num-other-styles must be at least 1 (leave it out for all)")
     try:
@@ -408,6 +436,8 @@ def run(args, train_argv: list[str], cfg) -> int:
     data_dir, stats = regenerate(args, cfg, train_prompts, data_root, regen_devices, shared)
     if args.synthesize_prompts:
         data_dir, stats = add_synthesized(args, cfg, data_root, data_dir, stats, eval_prompts, regen_devices[0], shared)
+    if args.extra_prompts:
+        data_dir, stats = add_extra(args, cfg, data_root, data_dir, stats, eval_prompts, regen_devices[0], shared)
     stage["regenerate_s"] = round(time.time() - t, 1)
     log(f"data: {json.dumps(stats)}")
     if device.type == "cuda" and torch.cuda.is_initialized():  # only if this process generated (no new context)

@@ -24,7 +24,10 @@ def sources():
     training = pp.templated() + pp.humaneval() + pp.chitchat(10**9, seed=0)
     training += ["\n".join(m["content"] for m in conv) for conv in pp.multi_turn(10**9, seed=0)]  # --num-multi-turn
     assert len(pp.humaneval()) == 164 and len(training) > 80_000  # both packages' data files were read
-    return training, pp.TEMPLATES
+    extra = load_benchmark("proofs.extra_prompts")  # --extra-prompts: every prompt its sets can give
+    bfcl, chatterbot = extra.bfcl(), extra.chatterbot()
+    assert len(bfcl) > 3000 and len(chatterbot) > 500  # both packages' data files were read
+    return training + bfcl + chatterbot, pp.TEMPLATES
 
 
 @pytest.fixture(scope="module")

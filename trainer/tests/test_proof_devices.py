@@ -128,3 +128,16 @@ def test_a_bad_system_prompts_file_is_refused_before_anything_runs(tmp_path, cap
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert "error: --synthesize-system-prompts: " in err and message in err  # argparse names the program
         assert not os.path.exists(tmp_path / "proof")
+
+
+def test_a_bad_extra_prompts_file_is_refused_before_anything_runs(tmp_path, capsys):
+    driver = load_benchmark("proofs.proof_smollm2")
+    empty = tmp_path / "extra.jsonl"
+    empty.write_text("")
+    for path, message in ((tmp_path / "missing.jsonl", "no such file"), (empty, "holds no prompt")):
+        with pytest.raises(SystemExit) as exc:
+            driver.main(["--tiny", "--out", str(tmp_path / "proof"), "--device", "cpu", "--extra-prompts", str(path)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"error: --extra-prompts {path}: " in err and message in err
+        assert not os.path.exists(tmp_path / "proof")

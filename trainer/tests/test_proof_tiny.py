@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from trainer_testlib import load_benchmark, read_heartbeat, read_metrics, run_proof_logged
 from dflash_trainer.loop import starting_weights, train
+from dflash_trainer.prep.heldout import OTHER_STYLES
 from dflash_trainer.prep.synthesize import SHIPPED_SYSTEM_PROMPTS
 
 
@@ -41,6 +42,13 @@ def hard_proof(tmp_path_factory):
                                          "--synthesize-system-prompts", SHIPPED_SYSTEM_PROMPTS]],
                          ids=["hard", "soft"])
 def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
+    if labels:  # and on an extra prompt file (--extra-prompts), one of whose rows is an other-styles prompt
+        other = json.loads(open(OTHER_STYLES).readline())
+        extra = tmp_path / "extra.jsonl"
+        extra.write_text("".join(json.dumps(r) + "\n" for r in [
+            {"messages": [{"role": "user", "content": "Tell me about the tiny model's favourite colour."}]},
+            {"messages": [{"role": "user", "content": "Count from one to five, please."}]}, other]))
+        labels = labels + ["--extra-prompts", str(extra)]
     out, report, log = request.getfixturevalue("hard_proof") if not labels else tiny_proof(tmp_path, labels)
     result = json.load(open(report / "proof.json"))
     # the training was dflash-train's, with the driver's flags handed on under their own names
@@ -83,16 +91,23 @@ def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
         assert synth is None and result["train_command"][result["train_command"].index("--data-dir") + 1] == \
             str(out / "data")
         return
-    # the synthesized prompts: answered like the others, trained on beside them (one folder of links to both)
+    # the synthesized prompts: answered like the others, trained on beside them (one folder of links to all)
     assert 1 <= synth["prompts"]["kept"] == synth["data"]["num_input_rows"] <= 16
     # steered by the shipped system messages: the template's own prefix and each of the eight took turns
     assert len(synth["prompts"]["kept_by_system_prompt"]) == 9
-    data_dir = out / "data" / "with-synth"
+    # the extra prompts: the two answered, the other-styles prompt refused as held out
+    extra = result["data"]["extra"]
+    assert extra["num_rows_written"] == 2 and extra["bad"] == {"held_out": 1}
+    settings = json.load(open(out / "data" / "extra" / "progress.json"))["settings"]
+    assert [path for path, _ in settings["held_out"]] == [str(out / "eval_prompts.jsonl")]  # the split's too
+    data_dir = out / "data" / "with-synth-extra"
     assert result["train_command"][result["train_command"].index("--data-dir") + 1] == str(data_dir)
     shards = sorted(os.listdir(data_dir))
-    both = [*(out / "data").glob("*.parquet"), *(out / "data" / "synth").glob("*.parquet")]
-    assert {os.path.realpath(data_dir / n) for n in shards} == {os.path.realpath(p) for p in both}
-    assert f"{result['data']['num_rows_written'] + synth['data']['num_rows_written']} sequences" in log
+    every = [*(out / "data").glob("*.parquet"), *(out / "data" / "synth").glob("*.parquet"),
+             *(out / "data" / "extra").glob("*.parquet")]
+    assert {os.path.realpath(data_dir / n) for n in shards} == {os.path.realpath(p) for p in every}
+    written = result["data"]["num_rows_written"] + synth["data"]["num_rows_written"] + extra["num_rows_written"]
+    assert f"{written} sequences" in log
     held = {json.loads(line)["messages"][0]["content"] for line in open(out / "eval_prompts.jsonl")}
     synthesized = {json.loads(line)["messages"][0]["content"] for line in open(out / "data" / "synth-prompts.jsonl")}
     assert synthesized and not held & synthesized

@@ -42,11 +42,11 @@ def prompt_text(row) -> str:
     return row.get("prompt", row.get("text", ""))
 
 
-def load_prompts(path: str) -> list[str]:
-    """The prompts of a JSONL file (one row a line, in the shapes prompt_text reads); a one-line error for a file
-    that is missing or holds another shape."""
+def load_prompts(path: str, what: str = "held-out prompts") -> list[str]:
+    """The prompts of a JSONL file (one row a line, in the shapes prompt_text reads); a one-line error, starting with
+    `what` and the path, for a file that is missing or holds another shape."""
     if not os.path.isfile(path):
-        raise ValueError(f"held-out prompts {path}: no such file; pass a JSONL of prompts")
+        raise ValueError(f"{what} {path}: no such file; pass a JSONL of prompts")
     prompts = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -54,7 +54,7 @@ def load_prompts(path: str) -> list[str]:
                 try:
                     prompts.append(prompt_text(json.loads(line)))
                 except (ValueError, KeyError, TypeError, AttributeError):
-                    raise ValueError(f"held-out prompts {path}:{n}: not a JSON row with messages, prompt or text; "
+                    raise ValueError(f"{what} {path}:{n}: not a JSON row with messages, prompt or text; "
                                      "fix that line") from None
     return prompts
 
