@@ -116,28 +116,23 @@ def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(two_d
     assert {p: open(p).read() for p in first.glob("*prompts*.jsonl")} == split
 
 
-def test_a_bad_system_prompts_file_is_refused_before_anything_runs(tmp_path, capsys):
-    driver = load_benchmark("proofs.proof_smollm2")
-    empty = tmp_path / "systems.txt"
-    empty.write_text("\n")
-    for path, message in ((tmp_path / "missing.txt", "No such file"), (empty, "holds no system message")):
-        with pytest.raises(SystemExit) as exc:
-            driver.main(["--tiny", "--out", str(tmp_path / "proof"), "--device", "cpu", "--synthesize-prompts", "4",
-                         "--synthesize-system-prompts", str(path)])
-        assert exc.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert "error: --synthesize-system-prompts: " in err and message in err  # argparse names the program
-        assert not os.path.exists(tmp_path / "proof")
+# A prompt file the proof reads (flag, flags it goes with, the empty file's text and the words refusing it): refused
+# before anything runs, since a bad file would otherwise fail only after the regeneration
+BAD_FILES = {"system prompts": ("--synthesize-system-prompts", ["--synthesize-prompts", "4"], "\n",
+                                "holds no system message"),
+             "extra prompts": ("--extra-prompts", [], "", "holds no prompt")}
 
 
-def test_a_bad_extra_prompts_file_is_refused_before_anything_runs(tmp_path, capsys):
+@pytest.mark.parametrize("name", list(BAD_FILES))
+def test_a_bad_prompt_file_is_refused_before_anything_runs(tmp_path, capsys, name):
+    flag, extra, text, empty_message = BAD_FILES[name]
     driver = load_benchmark("proofs.proof_smollm2")
-    empty = tmp_path / "extra.jsonl"
-    empty.write_text("")
-    for path, message in ((tmp_path / "missing.jsonl", "no such file"), (empty, "holds no prompt")):
+    empty = tmp_path / "empty.txt"
+    empty.write_text(text)
+    for path, message in ((tmp_path / "missing.txt", "no such file"), (empty, empty_message)):
         with pytest.raises(SystemExit) as exc:
-            driver.main(["--tiny", "--out", str(tmp_path / "proof"), "--device", "cpu", "--extra-prompts", str(path)])
+            driver.main(["--tiny", "--out", str(tmp_path / "proof"), "--device", "cpu", *extra, flag, str(path)])
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert f"error: --extra-prompts {path}: " in err and message in err
+        assert f"error: {flag}" in err and message in err.lower()  # argparse names the program
         assert not os.path.exists(tmp_path / "proof")
