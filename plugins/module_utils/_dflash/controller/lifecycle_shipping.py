@@ -17,10 +17,10 @@ import sys
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash import container
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import (
-    entry, file_digest, file_lock, gpu_release, job_nodes, job_ranks, job_steps, nvidia_userspace, nvidia_version,
-    plain_text, procfs, rank_ends, run_lifecycle, run_name, run_paths, run_records, run_report, run_space, run_status,
-    trainer_check, trainer_install, trainer_record, trainer_venvs, weights_copy, weights_guards, weights_manifest,
-    weights_progress, weights_stage)
+    entry, file_digest, file_lock, gpu_release, job_nodes, job_ranks, job_steps, lifecycle_error, nvidia_userspace,
+    nvidia_version, plain_text, procfs, rank_ends, run_launch, run_lifecycle, run_name, run_paths, run_records,
+    run_report, run_space, run_status, trainer_check, trainer_install, trainer_record, trainer_venvs, weights_copy,
+    weights_guards, weights_manifest, weights_progress, weights_stage)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller.module_failure import ModuleFailure
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.transport.command import TransportError
 
@@ -49,7 +49,8 @@ def sources():
     if _SOURCES is None:
         _SOURCES = {PACKAGE: inspect.getsource(container)}
         for module in (entry, file_digest, file_lock, plain_text, procfs, rank_ends, job_nodes, job_ranks, job_steps,
-                       gpu_release, run_name, run_paths, run_records, run_report, run_space, run_status, run_lifecycle,
+                       gpu_release, run_name, run_paths, run_records, run_report, run_space, run_status,
+                       lifecycle_error, run_launch, run_lifecycle,
                        weights_manifest, weights_copy, weights_guards, weights_progress, weights_stage, trainer_check,
                        trainer_record, trainer_venvs, trainer_install, nvidia_version, nvidia_userspace):
             _SOURCES["%s.%s" % (PACKAGE, module.__name__.rsplit(".", 1)[-1])] = inspect.getsource(module)

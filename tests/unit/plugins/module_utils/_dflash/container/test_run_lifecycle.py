@@ -15,7 +15,7 @@ import time
 import pytest
 
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.container import (
-    procfs, run_lifecycle, run_records, run_status)
+    procfs, run_launch, run_lifecycle, run_records, run_status)
 from ansible_collections.dflash.ops.plugins.module_utils._dflash.controller import run_config, training_backend
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -776,9 +776,9 @@ def test_the_check_runs_the_command_with_check_first_and_without_secrets(runs_ro
     req = make_req(runs_root, trainer_args={"interval": 0.05, "output_dir": str(tmp_path / "out"),
                                             "keep_checkpoints": 5}, secret_env={"WANDB_API_KEY": SECRET})
     assert req["check_argv"][:3] == [sys.executable, FAKE, "--check"]
-    settings = run_lifecycle.trainer_check(req)
+    settings = run_launch.trainer_check(req)
     assert settings["checkpoints"] == str(tmp_path / "out" / "checkpoints") and settings["keep_checkpoints"] == 5
-    env = run_lifecycle.launch_env(req, secrets=False)
+    env = run_launch.launch_env(req, secrets=False)
     assert "WANDB_API_KEY" not in env and env["DFLASH_RUN_DIR"] == req["run_dir"]
 
 
