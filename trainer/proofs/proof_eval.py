@@ -167,12 +167,14 @@ class Evaluator:
     def snapshot(self, snap: dict) -> None:
         export_dir = os.path.join(self.out, f"export-{snap['minutes']}min")
         export_checkpoint(snap["checkpoint"], self.settings["target"], export_dir, dtype="bfloat16")
+        replayed = bool(self.settings.get("replay"))  # the proof's --eval-replay: in this process, no decode
         # reloaded from the export (by each worker process, with a pool)
-        drafter = load_drafter(export_dir, self.model, self.device, torch.float32) if self.pool is None else None
+        local = self.pool is None or replayed
+        drafter = load_drafter(export_dir, self.model, self.device, torch.float32) if local else None
         figures = {}
         for name in SETS:
             rep = self._evaluate(name, drafter=drafter, drafter_path=export_dir, baseline=False,
-                                 references=self.references[name])
+                                 references=self.references[name], replayed=replayed)
             figures[name] = rep["methods"]["dflash"]
             self.log(f"after {snap['minutes']} min ({snap['step']} steps), {name}:\n" + format_table(rep))
         write_json_atomic(_path(self.out, f"snapshot-{snap['step']}.json"),

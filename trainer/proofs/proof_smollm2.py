@@ -267,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--synthesize-system-prompts", default=None, metavar="FILE",
                    help="dflash-synthesize-prompts' --system-prompts for those prompts: system messages, one per "
                         "line, that steer what the target asks (the trainer ships one: prep/synthesis_systems.txt)")
+    g.add_argument("--eval-replay", action="store_true",
+                   help="evaluate each snapshot by replaying the decode over the baseline's references "
+                        "(dflash-eval --replay: the same τ in seconds, losslessness not checked, the report says "
+                        "`replayed`): for ablations; a run whose losslessness counts decodes")
     g.add_argument("--extra-prompts", default=None, metavar="FILE",
                    help="also train on this file's prompts (JSONL chat rows {\"messages\": [...]}, e.g. written by "
                         "python -m proofs.extra_prompts --out FILE), answered like the others, never on either "
@@ -451,6 +455,7 @@ def run(args, train_argv: list[str], cfg) -> int:
                                     "other_styles": os.path.abspath(args.other_styles),
                                     "num_other_styles": args.num_other_styles, "block_size": cfg.block_size,
                                     "max_new_tokens": args.eval_max_new_tokens, "workers": args.eval_workers,
+                                    "replay": args.eval_replay,
                                     "baseline_cache": os.path.join(data_root, "baseline-cache")})
     command = [sys.executable, "-m", "dflash_trainer.cli", "--target-model", cfg.target_model, "--data-dir", data_dir,
                "--output-dir", cfg.output_dir, "--mask-token-id", str(mask_id), *train_argv]

@@ -123,3 +123,21 @@ def test_tau_by_style_is_the_tau_of_that_styles_prompts_alone(tiny, drafter_dirs
         assert by_style["a"] == pytest.approx(alone["methods"][name]["tau"])
         assert f"{name}: τ by style a {by_style['a']:.2f}, b {by_style['b']:.2f}" in printed
         assert sum(report["methods"][name]["prompt_steps"]) == report["methods"][name]["num_steps"]
+
+
+def test_replay_gives_the_decodes_figures_and_says_it_did_not_check_losslessness(tiny, drafter_dirs, tmp_path,
+                                                                                  capsys):
+    """dflash-eval --replay: every figure but the times equal the decode's, for DFlash and prompt lookup; the
+    table says `replayed` where the decode says whether it was lossless."""
+    decoded = run_eval(tiny, drafter_dirs["export"], drafter_dirs["prompts"], tmp_path / "d.json")
+    capsys.readouterr()
+    replayed = run_eval(tiny, drafter_dirs["export"], drafter_dirs["prompts"], tmp_path / "r.json", "--replay")
+    printed = capsys.readouterr().out
+    assert replayed["replayed"] and replayed["references"] == decoded["references"]
+    same = ("tau", "num_steps", "num_new_tokens", "num_target_forwards", "accept_length_histogram",
+            "slot_accept_rate", "prompt_steps", "prompt_accepted", "mean_proposed")
+    for name in ("dflash", "prompt_lookup_n3"):
+        a, b = decoded["methods"][name], replayed["methods"][name]
+        assert {k: a[k] for k in same} == {k: b[k] for k in same}, name
+        assert b["replayed"] and b["lossless"] is None and a["lossless"]
+    assert "replayed" in printed.splitlines()[2]

@@ -150,3 +150,28 @@ def test_warm_start_continues_from_the_export_and_refuses_another_shape(hard_pro
     assert os.listdir(third) == []  # no split, data or training
     assert driver.main(common + ["--out", str(third), "--init-drafter", str(tmp_path)]) == 2
     assert "is neither an export dir" in capsys.readouterr().err
+
+
+def test_eval_replay_gives_a_snapshot_the_decodes_figures(hard_proof, tmp_path):
+    """The proof's --eval-replay (settings "replay"): a snapshot evaluated by replaying the baseline's references
+    gets the decode's figures on both sets, marked replayed, and the report says so instead of `yes`."""
+    import shutil
+    out = tmp_path / "proof"
+    shutil.copytree(hard_proof[0], out, symlinks=True)
+    proof_eval, proof_report = load_benchmark("proofs.proof_eval"), load_benchmark("proofs.proof_report")
+    settings = json.load(open(out / "eval" / "settings.json"))
+    proof_eval.write_settings(str(out), dict(settings, replay=True))
+    snap = proof_eval.listed_snapshots(str(out))[-1]
+    decoded = proof_eval.snapshot_result(str(out), snap["step"])["eval"]
+    ev = proof_eval.Evaluator(str(out), torch.device("cpu"), lambda msg: None)
+    try:
+        ev.snapshot(snap)
+    finally:
+        ev.close()
+    replayed = proof_eval.snapshot_result(str(out), snap["step"])["eval"]
+    figures = ("tau", "num_steps", "accept_length_histogram", "prompt_steps", "prompt_accepted", "tau_by_style")
+    for name in ("split", "other_styles"):
+        assert {k: decoded[name].get(k) for k in figures} == {k: replayed[name].get(k) for k in figures}, name
+        assert replayed[name]["replayed"] and replayed[name]["lossless"] is None and decoded[name]["lossless"]
+    assert proof_report._lossless(list(replayed.values())) == "replayed"
+    assert proof_report._lossless(list(decoded.values())) == "yes"

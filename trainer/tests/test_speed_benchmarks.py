@@ -208,3 +208,16 @@ def test_eval_workers_times_each_process_count_against_one_with_the_same_figures
     assert all(r["seconds"] > 0 and r["same_figures"] and r["lossless"] and r["num_steps"] > 0 for r in rows)
     assert "| 2 |" in capsys.readouterr().out
     assert bench.main(["--device", "cpu", "--workers", "0"]) == 2
+
+
+def test_eval_replay_times_the_replay_against_the_decode_with_the_same_figures(tmp_path, capsys):
+    bench = load_benchmark("benchmarks.eval_replay")
+    assert bench.main(["--device", "cpu", "--out", str(tmp_path / "er.json")]) == 0
+    rows = json.load(open(tmp_path / "er.json"))["rows"]
+    assert [r["method"] for r in rows] == ["dflash", "prompt_lookup_n3"]
+    for r in rows:
+        assert r["same_figures"] and r["prompts_same_steps"] == r["num_prompts"] == 6 and r["lossless_decode"]
+        assert r["decode_s"] > 0 and r["tau_decode"] == r["tau_replay"]
+    assert rows[1]["tau_decode"] > 1  # the repeating prompts: prompt lookup's drafts are accepted too
+    assert "| dflash |" in capsys.readouterr().out
+    assert bench.main(["--device", "cpu", "--target-model", str(tmp_path)]) == 2

@@ -17,7 +17,11 @@ per-slot acceptance, new tokens per target forward (prefill counted), wall time,
 prompts whose output differs from the reference, with the first differing position.
 Exit status 0 also when outputs differ (the report says so); 2 for bad flags or inputs.
 --workers K decodes K prompts at once in K processes on the device (eval/workers.py): the same figures, faster for
-a small target whose one-at-a-time decoding is bound by the host; tok/s is then per stream.
+a small target whose one-at-a-time decoding is bound by the host; tok/s is then per stream (with --replay only the
+references).
+--replay computes each method's figures from the references instead of decoding (eval/replay.py): one target and
+one drafter forward per prompt; the same accept lengths as the decode wherever rounding turns no near-tie (SmolLM2's
+78 other-styles prompts: every prompt's the same); losslessness is not checked.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 from dflash_trainer.eval.prompt_progress import PromptProgress, each
 from dflash_trainer.eval.decode_attention import use_plan_free_attention
 from dflash_trainer.prep.chat_tokens import prompt_messages
+from dflash_trainer.eval.replay import replay_dflash, replay_proposer
 from dflash_trainer.eval.workers import DecodePool
 from dflash_trainer.eval.spec_decode import (PROMPT_LOOKUP_NGRAM, DFlashProposer, PromptLookupProposer,
                                              reference_greedy, speculative_decode, summarize)
@@ -179,14 +184,26 @@ def run_method(model, prompts, proposer, block_size, max_new_tokens, eos, refere
     return summary
 
 
+def replay_method(replay_one, prompts, references, block_size, progress=None, label: str = "replay") -> dict:
+    """run_method's figures by replaying the decode over the references (replay.py): `replay_one(prompt,
+    reference)` gives one prompt's DecodeResult. Losslessness is assumed, not checked: `lossless` is None."""
+    results = [replay_one(p, r) for p, r in zip(each(progress, label, prompts), references)]
+    summary = summarize(results, block_size)
+    summary.update({"replayed": True, "lossless": None, "num_prompts": len(prompts)})
+    return summary
+
+
 def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, max_new_tokens: int,
              eos: set[int], ngram: int = PROMPT_LOOKUP_NGRAM, baseline: bool = True, references=None,
              progress: PromptProgress | None = None, pool=None, drafter_path: str | None = None,
-             styles: list[str | None] | None = None) -> dict:
+             styles: list[str | None] | None = None, replayed: bool = False) -> dict:
     """The report dict; `references` (a previous report's) skips recomputing the greedy decodes; `progress`
     reports each prompt of each method (prompt_progress.py). With a `pool` (workers.py) the decoding runs in its
     processes, which load the drafter from `drafter_path` (`drafter` is then not used). With `styles`
-    (prompt_styles) each method also reports `tau_by_style`."""
+    (prompt_styles) each method also reports `tau_by_style`. `replayed`: the methods' figures by replaying the
+    decode over the references in this process (replay.py; needs `drafter`), losslessness not checked."""
+    if replayed and drafter is None and drafter_path is not None:
+        raise ValueError("a replayed evaluation runs in this process and needs the drafter loaded (drafter)")
     if pool is not None and drafter is not None and drafter_path is None:
         raise ValueError("decoding in worker processes needs the drafter's path (drafter_path)")
     with_drafter = drafter is not None or (pool is not None and drafter_path is not None)
@@ -202,11 +219,22 @@ def evaluate(model, prompts: list[list[int]], *, drafter=None, block_size: int, 
                                  "tokens_per_target_forward": 1.0}
         references = [r.tokens for r in refs]
     report["references"] = references
-    if with_drafter:
+    if replayed:
+        report["replayed"] = True
+        if drafter is not None:
+            report["methods"]["dflash"] = replay_method(
+                lambda p, r: replay_dflash(model, drafter, p, r, block_size, max_new_tokens), prompts, references,
+                block_size, progress, "dflash (replayed)")
+        if baseline:
+            lookup = PromptLookupProposer(ngram)
+            report["methods"][f"prompt_lookup_n{ngram}"] = replay_method(
+                lambda p, r: replay_proposer(lookup, p, r, block_size, max_new_tokens), prompts, references,
+                block_size, progress, f"prompt_lookup_n{ngram} (replayed)")
+    elif with_drafter:
         proposer = DFlashProposer(drafter) if pool is None else None
         report["methods"]["dflash"] = run_method(model, prompts, proposer, block_size, max_new_tokens, eos,
                                                  references, progress, "dflash", pool, ("dflash", drafter_path))
-    if baseline:
+    if baseline and not replayed:
         report["methods"][f"prompt_lookup_n{ngram}"] = run_method(
             model, prompts, PromptLookupProposer(ngram), block_size, max_new_tokens, eos, references, progress,
             f"prompt_lookup_n{ngram}", pool, ("prompt_lookup", ngram))
@@ -226,7 +254,8 @@ def format_table(report: dict) -> str:
         rows.append((name, f"{m['tau']:.2f}" if m["tau"] else "-",
                      f"{m['tokens_per_target_forward']:.2f}", str(m["num_steps"]), str(m["num_new_tokens"]),
                      f"{m['tokens_per_s']:.1f}" if m["tokens_per_s"] else "-",
-                     "yes" if m["lossless"] else f"NO ({m['num_mismatched_prompts']} prompts)"))
+                     "replayed" if m.get("replayed") else "yes" if m["lossless"]
+                     else f"NO ({m['num_mismatched_prompts']} prompts)"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     for name, m in report["methods"].items():
@@ -264,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ngram", type=int, default=PROMPT_LOOKUP_NGRAM,
                    help="longest n-gram the prompt-lookup baseline matches")
     p.add_argument("--no-baseline", action="store_true")
+    p.add_argument("--replay", action="store_true",
+                   help="τ by replaying the decode over the target's reference outputs (eval/replay.py): two forwards "
+                        "per prompt instead of one target forward per step, the same accept lengths in exact "
+                        "arithmetic; losslessness is assumed, not checked (the table says `replayed`)")
     p.add_argument("--workers", type=int, default=1,
                    help="decoding processes on the device, each with its own copy of the target and drafter "
                         "(eval/workers.py: same figures, tok/s per stream; for small targets)")
@@ -288,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             report = evaluate(model, prompts, drafter=drafter, block_size=block,
                               max_new_tokens=args.max_new_tokens, eos=eos_ids(args.target_model, model, tokenizer),
                               ngram=args.ngram, baseline=not args.no_baseline, progress=PromptProgress(),
-                              pool=pool, drafter_path=args.drafter, styles=styles)
+                              pool=pool, drafter_path=args.drafter, styles=styles, replayed=args.replay)
         finally:
             if pool is not None:
                 pool.close()
