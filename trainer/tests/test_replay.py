@@ -10,27 +10,9 @@ import torch
 from dflash_trainer.eval.replay import dflash_drafts, replay, replay_dflash, replay_proposer
 from dflash_trainer.eval.spec_decode import (DFlashProposer, Proposer, PromptLookupProposer, reference_greedy,
                                              speculative_decode)
-from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
-from dflash_trainer.prep.make_tiny import MASK_ID
+from test_spec_decode import BLOCK, drafter, target  # noqa: F401 - the tiny target and its random drafter
 
-BLOCK = 4
 PROMPTS = [[5, 17, 33, 2, 90, 41], [300, 301, 302, 303, 300, 301, 302], list(range(40, 70))]
-
-
-@pytest.fixture(scope="module")
-def target(tiny):
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(tiny["target"], dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    torch.manual_seed(0)
-    cfg = DrafterConfig.from_target(target.config, num_layers=1, target_layer_ids=[1, 3, 5], block_size=BLOCK,
-                                    mask_token_id=MASK_ID)
-    d = DFlashDrafter(cfg)
-    d.load_frozen(target.get_input_embeddings().weight, target.get_output_embeddings().weight)
-    return d.eval()
 
 
 class Scripted(Proposer):
