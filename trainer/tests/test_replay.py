@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_trainer.eval.replay import dflash_drafts, replay, replay_dflash, replay_proposer
-from dflash_trainer.eval.spec_decode import (DFlashProposer, Proposer, PromptLookupProposer, reference_greedy,
-                                             speculative_decode)
+from dflash_trainer.eval.replay import (accept_length_by_position, dflash_drafts, replay, replay_dflash,
+                                        replay_proposer)
+from dflash_trainer.eval.spec_decode import (DecodeResult, DFlashProposer, Proposer, PromptLookupProposer,
+                                             reference_greedy, speculative_decode)
 from test_spec_decode import BLOCK, drafter, target  # noqa: F401 - the tiny target and its random drafter
 
 PROMPTS = [[5, 17, 33, 2, 90, 41], [300, 301, 302, 303, 300, 301, 302], list(range(40, 70))]
@@ -39,6 +40,12 @@ def test_replay_takes_the_decodes_steps(target, max_new, eos_at):
                           BLOCK, max_new)
         assert replayed.accept_lengths == decoded.accept_lengths and replayed.num_proposed == decoded.num_proposed
         assert replayed.num_target_forwards == decoded.num_target_forwards
+        # every anchor's length is kept; the decode's steps are those of the anchors it visited
+        assert len(replayed.anchor_lengths) == len(decoded.tokens) - 1
+        kept = 1
+        for length in decoded.accept_lengths:
+            assert replayed.anchor_lengths[kept - 1] == length
+            kept += length
         lengths += decoded.accept_lengths
     assert len(set(lengths)) > 1  # the script gives runs of several lengths
 
@@ -69,3 +76,10 @@ def test_replayed_methods_give_the_decodes_accept_lengths(target, drafter):
         assert replay_proposer(lookup, prompt, reference, BLOCK, 24).accept_lengths == decoded.accept_lengths
         lookup_lengths += decoded.accept_lengths
     assert max(lookup_lengths) > 1  # prompt lookup accepts drafts here: the comparison is not all ones
+
+
+def test_accept_length_by_position_averages_every_anchor_in_each_bucket():
+    a = DecodeResult(tokens=[0] * 11, anchor_lengths=[1, 3, 1, 1, 1, 1, 1, 1, 4, 2])   # anchors 0-7, then 8-9
+    b = DecodeResult(tokens=[0] * 3, anchor_lengths=[2, 2])
+    assert accept_length_by_position([a, b]) == {"0-7": 14 / 10, "8-15": 3.0, "16-31": None, "32-63": None,
+                                                 "64+": None}

@@ -37,7 +37,7 @@ import torch
 from dflash_trainer.eval.prompt_progress import PromptProgress, each
 from dflash_trainer.eval.decode_attention import use_plan_free_attention
 from dflash_trainer.prep.chat_tokens import prompt_messages
-from dflash_trainer.eval.replay import replay_dflash, replay_proposer
+from dflash_trainer.eval.replay import accept_length_by_position, replay_dflash, replay_proposer
 from dflash_trainer.eval.workers import DecodePool
 from dflash_trainer.eval.spec_decode import (PROMPT_LOOKUP_NGRAM, DFlashProposer, PromptLookupProposer,
                                              reference_greedy, speculative_decode, summarize)
@@ -189,7 +189,8 @@ def replay_method(replay_one, prompts, references, block_size, progress=None, la
     reference)` gives one prompt's DecodeResult. Losslessness is assumed, not checked: `lossless` is None."""
     results = [replay_one(p, r) for p, r in zip(each(progress, label, prompts), references)]
     summary = summarize(results, block_size)
-    summary.update({"replayed": True, "lossless": None, "num_prompts": len(prompts)})
+    summary.update({"replayed": True, "lossless": None, "num_prompts": len(prompts),
+                    "accept_length_by_position": accept_length_by_position(results)})
     return summary
 
 
@@ -264,6 +265,9 @@ def format_table(report: dict) -> str:
         lines.append(f"{name}: per-slot acceptance {' '.join(f'{x:.2f}' for x in m['slot_accept_rate'])}")
         if m.get("tau_by_style"):
             lines.append(f"{name}: τ by style {format_styles(m['tau_by_style'])}")
+        if m.get("accept_length_by_position"):
+            lines.append(f"{name}: accept length by output position (every anchor) "
+                         f"{format_styles(m['accept_length_by_position'])}")
     return "\n".join(lines)
 
 

@@ -36,19 +36,38 @@ def replay(prompt: list[int], reference: list[int], drafts_at: Callable[[int, li
     n = len(reference)
     tokens = list(prompt) + list(reference)
     result = DecodeResult(tokens=list(reference), num_target_forwards=1)  # the prefill gives r_0
-    kept = 1
-    while kept < n:  # the decode stops at R's end: max_new_tokens, or the EOS R ends with
+
+    def step(kept: int) -> tuple[int, int]:
+        """(accept length, drafts offered) of a step whose anchor is R's token kept - 1."""
         anchor = len(prompt) + kept - 1
         draft = drafts_at(anchor, tokens[:anchor + 1], min(block_size - 1, max_new_tokens - kept - 1))
         accepted = 0
         while accepted < len(draft) and kept + accepted < n and draft[accepted] == reference[kept + accepted]:
             accepted += 1
-        new = min(accepted + 1, n - kept)  # the bonus token, or the accepted run cut at R's EOS
+        return min(accepted + 1, n - kept), len(draft)  # the bonus token, or the accepted run cut at R's EOS
+
+    result.anchor_lengths = [step(kept)[0] for kept in range(1, n)]
+    kept = 1
+    while kept < n:  # the decode stops at R's end: max_new_tokens, or the EOS R ends with
+        new, offered = step(kept)
         result.accept_lengths.append(new)
-        result.num_proposed.append(len(draft))
+        result.num_proposed.append(offered)
         result.num_target_forwards += 1
         kept += new
     return result
+
+
+POSITION_BUCKETS = ((0, 8), (8, 16), (16, 32), (32, 64), (64, None))  # output tokens, by where a step anchors
+
+
+def accept_length_by_position(results: list[DecodeResult]) -> dict[str, float | None]:
+    """Mean accept length of a step anchored at each output position, every position counted (anchor_lengths),
+    by bucket of positions: where in a response a drafter drafts well ("0-7": its first tokens)."""
+    out = {}
+    for lo, hi in POSITION_BUCKETS:
+        lengths = [a for r in results for a in r.anchor_lengths[lo:hi]]
+        out[f"{lo}-{hi - 1}" if hi else f"{lo}+"] = sum(lengths) / len(lengths) if lengths else None
+    return out
 
 
 @torch.no_grad()

@@ -35,6 +35,9 @@ class DecodeResult:
     step_times: list[tuple[float, float, float]] = field(default_factory=list)
     """Per verification step: (drafting, verify forward incl. its greedy choice, bookkeeping) seconds.
     Exact per phase only with profile=True (CUDA work is then synchronized at each step's end)."""
+    anchor_lengths: list[int] = field(default_factory=list)
+    """A replay's (replay.py) only: the accept length a step would get at each token of the output as its anchor,
+    visited by the decode or not (index j: the anchor is output token j)."""
 
 
 class Proposer:
