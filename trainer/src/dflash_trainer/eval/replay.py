@@ -46,10 +46,11 @@ def replay(prompt: list[int], reference: list[int], drafts_at: Callable[[int, li
             accepted += 1
         return min(accepted + 1, n - kept), len(draft)  # the bonus token, or the accepted run cut at R's EOS
 
-    result.anchor_lengths = [step(kept)[0] for kept in range(1, n)]
+    steps = [step(kept) for kept in range(1, n)]  # at every anchor, once: the walk below reads its own from here
+    result.anchor_lengths = [length for length, _ in steps]
     kept = 1
     while kept < n:  # the decode stops at R's end: max_new_tokens, or the EOS R ends with
-        new, offered = step(kept)
+        new, offered = steps[kept - 1]
         result.accept_lengths.append(new)
         result.num_proposed.append(offered)
         result.num_target_forwards += 1
