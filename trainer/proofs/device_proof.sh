@@ -174,6 +174,10 @@ launch)
     watch_proof "${WATCH_S:-520}"
     ;;
 watch)
+    # A machine given back since the launch (more than its warm time between calls) comes back bare: say so, rather
+    # than report an empty log as a finished proof.
+    [ -f "$S/proof.log" ] || { echo "no proof on this machine: it was given back since launch (a gap between calls" \
+        "longer than its warm time); run stash and launch again, carrying the data that came back"; exit 3; }
     watch_proof "${2:-540}"
     ;;
 *)
