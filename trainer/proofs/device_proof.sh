@@ -45,7 +45,8 @@
 #                                   --synthesize-prompts N also trains on N prompts SmolLM2 writes
 #                                   itself (PROOF.md run 14: 10,000 in ~90 s with their answers);
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
-#                                   it is ready, reported as proof-b.*)
+#                                   it is ready, reported as proof-b.*; with PROOF_B_AFTER=1 once the
+#                                   first proof has ended: two ablations in one lease, one after the other)
 # (launch spends ~40 s joining and converting the GGUF before it follows: WATCH_S=560 overran a 600 s call in
 # run 13, so keep WATCH_S <= 520)
 # Calls 3.. (within 30 s of the last): bash trainer/proofs/device_proof.sh watch [SECONDS]
@@ -163,13 +164,19 @@ launch)
     if [ -n "${PROOF_B:-}" ]; then
         # A second proof on the first one's data (--data-root), started once that data is complete: e.g.
         # another configuration on the second GPU. PROOF_B holds its flags; --num-eval, --seed and
-        # --regen-devices must match the first proof's (the split is checked).
+        # --regen-devices must match the first proof's (the split is checked). PROOF_B_AFTER=1 starts it once the
+        # first proof has ended instead, with the GPU to itself: an ablation comparable with the first run (the
+        # baseline is reused from the data root's cache, inductor's cache is warm).
         read -ra b_flags <<< "$PROOF_B"
-        setsid nohup bash -c 'until grep -q "\] data: " "$1/proof.log"; do
-                                  pgrep -f "out $1/proof " > /dev/null || exit 1; sleep 5; done; shift; exec "$@"' \
+        wait_for='until grep -q "\] data: " "$1/proof.log"; do
+                      pgrep -f "out $1/proof " > /dev/null || exit 1; sleep 5; done'
+        [ "${PROOF_B_AFTER:-0}" = 1 ] && wait_for='while pgrep -f "out $1/proof " > /dev/null; do sleep 5; done
+                                                   grep -q "\] data: " "$1/proof.log" || exit 1'
+        setsid nohup bash -c "$wait_for"'; shift; exec "$@"' \
             _ "$S" "${proof[@]}" --out "$S/proof-b" --report-dir "$S/report-b" --data-root "$S/proof" \
             "${b_flags[@]}" > "$S/proof-b.log" 2>&1 < /dev/null &
-        echo "proof B waits for the data (pid $!): $PROOF_B"
+        echo "proof B waits for the $([ "${PROOF_B_AFTER:-0}" = 1 ] && echo "first proof's end" || echo data)" \
+            "(pid $!): $PROOF_B"
     fi
     watch_proof "${WATCH_S:-520}"
     ;;
