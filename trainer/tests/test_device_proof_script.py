@@ -1,6 +1,9 @@
-"""device_proof.sh's refusals that need no GPU: a `watch` on a machine that was given back since the launch."""
+"""device_proof.sh's `watch` without a GPU: on a machine that was given back since the launch, and following only
+its own stash's proof (a process named as the proof stands in for it)."""
 import os
 import subprocess
+
+import pytest
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "proofs", "device_proof.sh")
 
@@ -13,13 +16,24 @@ def test_watch_on_a_bare_machine_says_the_proof_is_gone_instead_of_finished(tmp_
     assert "PROOF FINISHED" not in r.stdout
 
 
-def test_watch_follows_a_proof_log_that_is_there(tmp_path):
+@pytest.mark.parametrize("running, finished", [(None, True), ("stash", False), ("elsewhere", True)])
+def test_watch_follows_a_proof_log_that_is_there_and_waits_only_for_its_own_proof(tmp_path, running, finished):
     stash = tmp_path / "stash"
     stash.mkdir()
     (stash / "proof.log").write_text("[  1.0 s] data: {}\n")
     (stash / "proof").mkdir()
-    env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"))
-    r = subprocess.run(["bash", SCRIPT, "watch", "1"], env=env, capture_output=True, text=True, timeout=60)
+    proof = None
+    if running:  # a live process whose command line is a proof's, in this stash or in another one
+        out = tmp_path / running / "proof"
+        proof = subprocess.Popen(["bash", "-c", f"exec -a 'python3 -m proofs.proof_smollm2 --out {out} ' sleep 60"])
+    try:
+        env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"))
+        r = subprocess.run(["bash", SCRIPT, "watch", "1"], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        if proof:
+            proof.kill()
+            proof.wait()
     assert r.returncode == 0, r.stderr
-    assert "PROOF FINISHED" in r.stdout
+    assert ("PROOF FINISHED" in r.stdout) == finished
+    assert ("STILL RUNNING" in r.stdout) == (not finished)
     assert (tmp_path / "out" / "proof.log").read_text().startswith("[  1.0 s] data:")
