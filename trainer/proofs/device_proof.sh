@@ -46,7 +46,8 @@
 #                                   itself (PROOF.md run 14: 10,000 in ~90 s with their answers);
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*; with PROOF_B_AFTER=1 once the
-#                                   first proof has ended: two ablations in one lease, one after the other)
+#                                   first proof has ended: two ablations in one lease, one after the other;
+#                                   PROOF_C="FLAGS" a third after proof B, reported as proof-c.*)
 # (launch spends ~40 s joining and converting the GGUF before it follows: WATCH_S=560 overran a 600 s call in
 # run 13, so keep WATCH_S <= 520)
 # Calls 3.. (within 30 s of the last): bash trainer/proofs/device_proof.sh watch [SECONDS]
@@ -77,11 +78,12 @@ watch_proof() {
     grep -v -E "$noise" "$S/proof.log" > "$OUT/proof.log"
     tail -n 60 "$OUT/proof.log"
     cp "$S"/report/proof.json "$OUT/" 2>/dev/null  # proof.md is in the log's last lines and in proof.json
-    if [ -f "$S/proof-b.log" ]; then  # the second proof (PROOF_B at launch)
-        grep -v -E "$noise" "$S/proof-b.log" > "$OUT/proof-b.log"
-        echo "--- proof B:"; tail -n 40 "$OUT/proof-b.log"
-        cp "$S/report-b/proof.json" "$OUT/proof-b.json" 2>/dev/null
-    fi
+    for x in b c; do  # the later proofs (PROOF_B, PROOF_C at launch)
+        [ -f "$S/proof-$x.log" ] || continue
+        grep -v -E "$noise" "$S/proof-$x.log" > "$OUT/proof-$x.log"
+        echo "--- proof ${x^^}:"; tail -n 40 "$OUT/proof-$x.log"
+        cp "$S/report-$x/proof.json" "$OUT/proof-$x.json" 2>/dev/null
+    done
     # The regenerated data comes back once, for a later session: one tar (data/, with every device's
     # part and the synthesized prompts' answers), in pieces of 15 MiB ($OUT takes at most 8 files of at most
     # 16 MiB each), once the proof has logged its data (all of it made). Join them there with
@@ -100,7 +102,7 @@ watch_proof() {
     # Once all is done: the longest-trained export of the better proof comes back in three pieces
     # (init.tar.part-*, ~39 MB in all), for a later session's warm start (stash-init, --init-drafter).
     local best
-    best=$(python3 - "$S"/report/proof.json "$S"/report-b/proof.json <<'PY' 2>/dev/null
+    best=$(python3 - "$S"/report/proof.json "$S"/report-[bc]/proof.json <<'PY' 2>/dev/null
 import json, os, sys
 runs = [json.load(open(p)) for p in sys.argv[1:] if os.path.isfile(p)]
 snaps = [s for r in runs for s in r["snapshots"][-1:] if s.get("eval")]
@@ -110,8 +112,8 @@ PY
     if [ -n "$best" ] && [ ! -f "$S/init.sent" ] && [ "$(ls "$OUT" | wc -l)" -le 5 ]; then
         tar -C "$(dirname "$best")" --transform "s,^$(basename "$best"),init-drafter," -cf - "$(basename "$best")" \
             | split -b 15M - "$OUT/init.tar.part-" && touch "$S/init.sent" && echo "export sent: $best"
-    elif [ -n "$best" ] && [ ! -f "$S/init.sent" ]; then
-        echo "export not sent yet (\$OUT is full): run watch once more"
+    elif [ -n "$best" ] && [ ! -f "$S/init.sent" ]; then  # (three proofs' reports alone fill 6 of the 8 files)
+        echo "export not sent (\$OUT holds $(ls "$OUT" | wc -l) files; its 3 pieces need <= 5 there)"
     fi
     echo "PROOF FINISHED"
 }
@@ -139,6 +141,9 @@ stash-init)
 launch)
     # Join, check and convert the GGUF, then start the proof in its own session (setsid), so that it
     # outlives this call: the machine keeps running it while later `watch` calls keep the machine warm.
+    # (checked before anything starts)
+    [ -n "${PROOF_C:-}" ] && [ "${PROOF_B_AFTER:-0}:${PROOF_B:+b}" != 1:b ] && {
+        echo "PROOF_C runs after proof B ends: set PROOF_B and PROOF_B_AFTER=1 with it"; exit 2; }
     [ -f "$S/gguf-part-00" ] || { echo "part 1 is not here: the machine was not kept warm; run stash again"; exit 3; }
     mkdir -p "$S/gguf"
     cat "$S/gguf-part-00" .artifacts/dev-b/gguf-part-01 > "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -163,24 +168,29 @@ launch)
     proof=(python3 -m proofs.proof_smollm2 --target-model "$S/smollm2" --prompts "$S/prompts.jsonl")
     setsid nohup "${proof[@]}" --out "$S/proof" --report-dir "$S/report" "$@" > "$S/proof.log" 2>&1 < /dev/null &
     echo "proof started (pid $!): $*"
-    if [ -n "${PROOF_B:-}" ]; then
-        # A second proof on the first one's data (--data-root), started once that data is complete: e.g.
-        # another configuration on the second GPU. PROOF_B holds its flags; --num-eval, --seed and
-        # --regen-devices must match the first proof's (the split is checked). PROOF_B_AFTER=1 starts it once the
-        # first proof has ended instead, with the GPU to itself: an ablation comparable with the first run (the
-        # baseline is reused from the data root's cache, inductor's cache is warm).
-        read -ra b_flags <<< "$PROOF_B"
+    # PROOF_B, and PROOF_C after it, hold the flags of more proofs on the first one's data (--data-root): e.g.
+    # another configuration on the second GPU. --num-eval, --seed and --regen-devices must match the first proof's (the
+    # split is checked). PROOF_B starts once the first proof's data is complete; with PROOF_B_AFTER=1 once the first
+    # proof has ended instead, with the GPU to itself: an ablation comparable with the first run (the baseline is
+    # reused from the data root's cache, inductor's cache is warm). PROOF_C always starts once proof B has ended.
+    previous="$S/proof"
+    for x in b c; do
+        flags_var="PROOF_${x^^}"
+        [ -n "${!flags_var:-}" ] || continue
+        read -ra x_flags <<< "${!flags_var}"
+        # $1: the stash, $2: the proof this one follows; each waiter checks the first proof's data
         waits="the data" wait_for='until grep -q "\] data: " "$1/proof.log"; do
                                        pgrep -f "out $1/proof " > /dev/null || exit 1; sleep 5; done'
         if [ "${PROOF_B_AFTER:-0}" = 1 ]; then
-            waits="the first proof's end" wait_for='while pgrep -f "out $1/proof " > /dev/null; do sleep 5; done
+            waits="the end of $(basename "$previous")" wait_for='while pgrep -f "out $2 " > /dev/null; do sleep 5; done
                                                     grep -q "\] data: " "$1/proof.log" || exit 1'
         fi
-        setsid nohup bash -c "$wait_for"'; shift; exec "$@"' \
-            _ "$S" "${proof[@]}" --out "$S/proof-b" --report-dir "$S/report-b" --data-root "$S/proof" \
-            "${b_flags[@]}" > "$S/proof-b.log" 2>&1 < /dev/null &
-        echo "proof B waits for $waits (pid $!): $PROOF_B"
-    fi
+        setsid nohup bash -c "$wait_for"'; shift 2; exec "$@"' \
+            _ "$S" "$previous" "${proof[@]}" --out "$S/proof-$x" --report-dir "$S/report-$x" --data-root "$S/proof" \
+            "${x_flags[@]}" > "$S/proof-$x.log" 2>&1 < /dev/null &
+        echo "proof ${x^^} waits for $waits (pid $!): ${!flags_var}"
+        previous="$S/proof-$x"
+    done
     watch_proof "${WATCH_S:-520}"
     ;;
 watch)

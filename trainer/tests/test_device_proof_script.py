@@ -37,3 +37,13 @@ def test_watch_follows_a_proof_log_that_is_there_and_waits_only_for_its_own_proo
     assert ("PROOF FINISHED" in r.stdout) == finished
     assert ("STILL RUNNING" in r.stdout) == (not finished)
     assert (tmp_path / "out" / "proof.log").read_text().startswith("[  1.0 s] data:")
+
+
+@pytest.mark.parametrize("proof_b, after", [("", "1"), ("--lr 2e-3", "0")])
+def test_launch_refuses_a_third_proof_that_would_not_follow_the_second_before_anything_starts(tmp_path, proof_b, after):
+    env = dict(os.environ, DFLASH_STASH=str(tmp_path / "stash"), OUT=str(tmp_path / "out"),
+               PROOF_B=proof_b, PROOF_B_AFTER=after, PROOF_C="--lr-schedule wsd")
+    r = subprocess.run(["bash", SCRIPT, "launch", "--lr", "1e-3"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "PROOF_C runs after proof B ends: set PROOF_B and PROOF_B_AFTER=1" in r.stdout
+    assert os.listdir(tmp_path / "stash") == []  # no GGUF joined, no proof started
