@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from dflash_trainer.advisor.layer_timing import TimedLayers, decoder_layers  # noqa: F401 (target_forward.py's)
+from dflash_trainer.advisor.layer_timing import (TimedLayers, decoder_layers,  # noqa: F401 (target_forward.py's)
+                                                fit_to_forward)
 from dflash_trainer.model.fused_projections import unfuse_layer
 from dflash_trainer.model.target import (AROUND_KERNELS, AROUND_KERNELS_SHIFTS, COMPILED, COMPILE_BY_KIND, EAGER,
                                          layer_kinds)
@@ -62,14 +63,3 @@ def layer_flop(shape: dict, kind: str, params: int) -> float:
         flop += 4 * shape["heads"] * shape["head_dim"] * B * T * (T + 1) / 2
     return flop
 
-
-def fit_to_forward(per_kind: dict, forward_ms: float) -> tuple[dict, float, float]:
-    """The kinds' ms per layer made to add up to the untimed forward: where the events of the timed forwards sum to
-    more than the untimed forward's median (by 0.2-9.4 % on one H200, 2026-12-04), each kind's ms is scaled down alike, so the events give the kinds' shares and the untimed forward the
-    total; where they sum to less, the difference is the rest (embedding, final norm). Returns (per_kind with
-    "ms_per_layer" fitted and "ms_per_layer_events" as measured, rest ms, the scale)."""
-    events_ms = sum(k["layers"] * k["ms_per_layer"] for k in per_kind.values())
-    scale = min(1.0, forward_ms / events_ms) if events_ms > 0 else 1.0
-    fitted = {kind: dict(k, ms_per_layer_events=k["ms_per_layer"], ms_per_layer=k["ms_per_layer"] * scale)
-              for kind, k in per_kind.items()}
-    return fitted, max(0.0, forward_ms - events_ms * scale), scale

@@ -11,8 +11,9 @@ the real size; the 27B has 48 + 16): `--target-layers kinds` times each way of c
 the whole forward, and projects the 64-layer model: 48 x its DeltaNet ms + 16 x its full-attention ms + the rest of
 the measured forward (embedding, final norm), against its FLOP. The kinds' ms come from forwards with the events in
 them, whose layers summed to up to 9.4 % more than the untimed forward (one H200, 2026-12-04): where they exceed it,
-they are scaled to it (layer_kinds.fit_to_forward; both are printed, with the timed forwards' own time). The `target kernels:` line says which
-linear-attention code ran (fla, or transformers' torch fallback when fla does not import).
+they are scaled to it (advisor.layer_timing.fit_to_forward, which dflash-train --plan uses too; both are printed,
+with the timed forwards' own time). The `target kernels:` line says which linear-attention code ran (fla, or
+transformers' torch fallback when fla does not import).
 
 The target has random weights: a transformers Qwen3Config / Qwen3ForCausalLM of the preset's shape, written with
 save_pretrained (pipeline.write_target) and loaded by dflash_trainer.model.target.FrozenTarget exactly as dflash-train

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from dflash_trainer.advisor import predict
+from dflash_trainer.advisor.layer_timing import fit_to_forward
 
 
 def test_a_job_runs_at_its_slower_stage():
@@ -61,3 +62,16 @@ def test_plan_on_the_cpu_writes_plan_json(tmp_path):
     assert plan["best"] == plan["configured"] and plan["warning"] is None
     assert "torch fallback" in plan["target_kernels"] and plan["queue"]["deepest"] > 0
     assert "predicted seq/s" in r.stdout and "verdict:" in r.stdout
+
+
+@pytest.mark.parametrize("forward_ms, scale, rest", [(90.0, 90.0 / 100.0, 0.0), (104.0, 1.0, 4.0)])
+def test_layer_kinds_fitted_to_the_untimed_forward_keep_their_shares(forward_ms, scale, rest):
+    """6 DeltaNet layers of 12.5 ms and 2 full-attention layers of 12.5 ms by the events (100 ms): a faster untimed
+    forward scales both kinds alike, a slower one leaves them and names the difference the rest."""
+    events = {"linear_attention": {"layers": 6, "ms_per_layer": 12.5}, "full_attention": {"layers": 2,
+                                                                                          "ms_per_layer": 12.5}}
+    fitted, rest_ms, got_scale = fit_to_forward(events, forward_ms)
+    assert got_scale == pytest.approx(scale) and rest_ms == pytest.approx(rest)
+    assert sum(k["layers"] * k["ms_per_layer"] for k in fitted.values()) + rest_ms == pytest.approx(forward_ms)
+    assert fitted["linear_attention"]["ms_per_layer_events"] == 12.5
+    assert events["linear_attention"]["ms_per_layer"] == 12.5  # the measured figures are not changed in place

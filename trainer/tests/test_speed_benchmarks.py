@@ -145,20 +145,6 @@ def test_target_forward_runs_the_trainers_target_and_counts_flop_by_hand(tmp_pat
     assert sum(p["share"] for p in r["profile"]["parts"].values()) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("forward_ms, scale, rest", [(90.0, 90.0 / 100.0, 0.0), (104.0, 1.0, 4.0)])
-def test_layer_kinds_fitted_to_the_untimed_forward_keep_their_shares(forward_ms, scale, rest):
-    """6 DeltaNet layers of 12.5 ms and 2 full-attention layers of 12.5 ms by the events (100 ms): a faster untimed
-    forward scales both kinds alike, a slower one leaves them and names the difference the rest."""
-    fit_to_forward = load_benchmark("benchmarks.layer_kinds").fit_to_forward
-    events = {"linear_attention": {"layers": 6, "ms_per_layer": 12.5}, "full_attention": {"layers": 2,
-                                                                                          "ms_per_layer": 12.5}}
-    fitted, rest_ms, got_scale = fit_to_forward(events, forward_ms)
-    assert got_scale == pytest.approx(scale) and rest_ms == pytest.approx(rest)
-    assert sum(k["layers"] * k["ms_per_layer"] for k in fitted.values()) + rest_ms == pytest.approx(forward_ms)
-    assert fitted["linear_attention"]["ms_per_layer_events"] == 12.5
-    assert events["linear_attention"]["ms_per_layer"] == 12.5  # the measured figures are not changed in place
-
-
 def test_target_forward_refuses_too_few_layers_before_writing_anything(tmp_path, capsys):
     target_forward = load_benchmark("benchmarks.target_forward")
     assert target_forward.main(["--num-layers", "3", "--work-dir", str(tmp_path / "w")]) == 2
