@@ -48,6 +48,12 @@ def baseline_key(target_dir: str, prompts: dict[str, list[list[int]]], block_siz
     return h.hexdigest()[:24], about
 
 
+def lookup_replayed(baseline: dict) -> bool:
+    """Whether a baseline's prompt-lookup figures were replayed (a proof with --eval-replay kept it), not decoded:
+    a proof that decodes decodes them again (and keeps the decoded baseline, which serves both kinds of proof)."""
+    return any(s["prompt_lookup"].get("replayed") for s in baseline["sets"].values())
+
+
 def load(cache_dir: str, key: str) -> dict | None:
     try:
         with open(os.path.join(cache_dir, f"{key}.json")) as f:

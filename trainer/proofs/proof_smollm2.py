@@ -268,9 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dflash-synthesize-prompts' --system-prompts for those prompts: system messages, one per "
                         "line, that steer what the target asks (the trainer ships one: prep/synthesis_systems.txt)")
     g.add_argument("--eval-replay", action="store_true",
-                   help="evaluate each snapshot by replaying the decode over the baseline's references "
-                        "(dflash-eval --replay: the same τ in seconds, losslessness not checked, the report says "
-                        "`replayed`): for ablations; a run whose losslessness counts decodes")
+                   help="evaluate each snapshot, and the baseline's prompt lookup, by replaying the decode over "
+                        "the baseline's references (dflash-eval --replay: the same τ in seconds, losslessness not "
+                        "checked, the report says `replayed`): for ablations; a run whose losslessness counts "
+                        "decodes")
     g.add_argument("--extra-prompts", default=None, metavar="FILE",
                    help="also train on this file's prompts (JSONL chat rows {\"messages\": [...]}, e.g. written by "
                         "python -m proofs.extra_prompts --out FILE), answered like the others, never on either "

@@ -175,3 +175,40 @@ def test_eval_replay_gives_a_snapshot_the_decodes_figures(hard_proof, tmp_path):
         assert replayed[name]["replayed"] and replayed[name]["lossless"] is None and decoded[name]["lossless"]
     assert proof_report._lossless(list(replayed.values())) == "replayed"
     assert proof_report._lossless(list(decoded.values())) == "yes"
+
+
+def test_eval_replay_replays_the_baselines_prompt_lookup_and_a_decoding_proof_does_not_reuse_it(hard_proof, tmp_path):
+    """--eval-replay's baseline: the references decoded, prompt lookup replayed over them with the decode's figures
+    (its drafts come from the context alone). Kept in the cache, that baseline is not reused by a proof that decodes:
+    it decodes prompt lookup again and keeps the decoded baseline, which a replaying proof then reuses."""
+    import shutil
+    out = tmp_path / "proof"
+    shutil.copytree(hard_proof[0], out, symlinks=True)
+    proof_eval = load_benchmark("proofs.proof_eval")
+    settings = json.load(open(out / "eval" / "settings.json"))
+    cache = tmp_path / "cache"
+    decoded = json.load(open(out / "eval" / "baseline.json"))["sets"]
+
+    def baseline(replay):
+        os.remove(out / "eval" / "baseline.json")
+        proof_eval.write_settings(str(out), dict(settings, replay=replay, baseline_cache=str(cache)))
+        logged = []
+        ev = proof_eval.Evaluator(str(out), torch.device("cpu"), logged.append)
+        try:
+            ev.baseline()
+        finally:
+            ev.close()
+        return json.load(open(out / "eval" / "baseline.json")), "\n".join(logged)
+
+    replayed, log = baseline(True)
+    figures = ("tau", "num_steps", "accept_length_histogram", "prompt_steps", "prompt_accepted", "tau_by_style")
+    for name in ("split", "other_styles"):
+        got, want = replayed["sets"][name], decoded[name]
+        assert got["references"] == want["references"] and "target only" in log
+        assert {k: got["prompt_lookup"].get(k) for k in figures} == {k: want["prompt_lookup"].get(k) for k in figures}
+        assert got["prompt_lookup"]["replayed"] and want["prompt_lookup"]["lossless"]
+    again, log = baseline(False)  # a decoding proof: the cached, replayed prompt lookup is not taken
+    assert "was replayed, and this proof decodes" in log and "reused" not in again
+    assert all(s["prompt_lookup"]["lossless"] for s in again["sets"].values())
+    reused, log = baseline(True)  # the decoded baseline, now in the cache, serves a replaying proof
+    assert reused["reused"] and "nothing decoded" in log and "was replayed" not in log
