@@ -62,4 +62,3 @@ def layer_flop(shape: dict, kind: str, params: int) -> float:
     if kind != "linear_attention":
         flop += 4 * shape["heads"] * shape["head_dim"] * B * T * (T + 1) / 2
     return flop
-

@@ -1,5 +1,6 @@
-"""device_proof.sh's `watch` without a GPU: on a machine that was given back since the launch, and following only
-its own stash's proof (a process named as the proof stands in for it)."""
+"""device_proof.sh without a GPU: `watch` on a machine that was given back since the launch, and following only
+its own stash's proof (a process named as the proof stands in for it); `launch` refusing PROOF_C before anything
+starts."""
 import os
 import subprocess
 
