@@ -11,10 +11,12 @@ attention (4 x heads x head_dim x B x T(T+1)/2); a Gated DeltaNet layer's own re
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from dflash_trainer.advisor.layer_timing import (TimedLayers, decoder_layers,  # noqa: F401 (target_forward.py's)
                                                 fit_to_forward)
+from dflash_trainer.model import target as target_module
 from dflash_trainer.model.fused_projections import unfuse_layer
 from dflash_trainer.model.target import (AROUND_KERNELS, AROUND_KERNELS_SHIFTS, COMPILED, COMPILE_BY_KIND, EAGER,
                                          layer_kinds)
@@ -27,7 +29,27 @@ STRATEGIES = {
     "around-fla": {"default": COMPILED, "full_attention": COMPILED, "linear_attention": AROUND_KERNELS},
     "around-fla-shifts": {"default": COMPILED, "full_attention": COMPILED, "linear_attention": AROUND_KERNELS_SHIFTS},
     "by-kind": COMPILE_BY_KIND,  # what dflash-train runs (the shifts, with projections fused)
+    # the same as it ran until 2026-12-05: fla's kernel made its inputs contiguous itself (model/target.py's
+    # opaque_kernel), outside the graph
+    "by-kind-kernel-copies": COMPILE_BY_KIND,
 }
+KERNEL_COPIES = {"by-kind-kernel-copies"}
+
+
+@contextlib.contextmanager
+def kernel_copies(on: bool):
+    """While on, make_kernels_opaque leaves the kernel's inputs as the graph hands them over (the reference for
+    opaque_kernel's contiguous inputs, measured in the same process)."""
+    import torch
+    if not on:
+        yield
+        return
+    made = target_module.opaque_kernel
+    target_module.opaque_kernel = lambda fn: torch.compiler.disable(fn, recursive=True)
+    try:
+        yield
+    finally:
+        target_module.opaque_kernel = made
 
 
 def uncompile(target) -> None:

@@ -232,7 +232,8 @@ def run_kinds(args, s, train, target, input_ids, flop, peak, made, layer_ids, ke
     for name in args.strategies.split(","):
         by_kind = layer_kinds.STRATEGIES[name]
         layer_kinds.uncompile(target)
-        how = target.compile_layers(by_kind)
+        with layer_kinds.kernel_copies(name in layer_kinds.KERNEL_COPIES):
+            how = target.compile_layers(by_kind)
         times, _, warm_s = timed_calls(lambda _i: target(input_ids), s["warmup"], s["steps"], device)
         median = times[len(times) // 2]
         sync, timed_forward_s = device_sync(device), []

@@ -56,6 +56,22 @@ def shifted_causal_conv(hidden_states, weight, bias=None, activation=None, **_kw
     return out.to(hidden_states.dtype)
 
 
+def opaque_kernel(fn):
+    """`fn` left out of the compiled graph, its tensor inputs made contiguous inside the graph first. The kernel makes
+    them contiguous itself (fla's input_guard), but there each copy is a separate eager kernel: the layer's value
+    heads reach it in the conv's channel-major layout, so that copy is a transpose of the whole value tensor. Called
+    inside the graph, the compiler writes the producing kernels' outputs in the contiguous layout instead."""
+    import torch
+    kernel = torch.compiler.disable(fn, recursive=True)
+
+    def contiguous(x):
+        return x.contiguous() if isinstance(x, torch.Tensor) else x
+
+    def call(*args, **kwargs):
+        return kernel(*map(contiguous, args), **{name: contiguous(x) for name, x in kwargs.items()})
+    return call
+
+
 def make_kernels_opaque(layer, conv_shifts: bool = False) -> bool:
     """Leave the layer's gated-delta-rule kernel out of the compiled graph (a graph break around it): transformers
     calls it through a module global of the layer's modeling file, which resolves to fla's Triton kernel when fla
@@ -74,7 +90,7 @@ def make_kernels_opaque(layer, conv_shifts: bool = False) -> bool:
     from dflash_trainer.model.target_kernels import found_kernels
     if not found_kernels()["fla"]:
         return False
-    opaque = torch.compiler.disable(fn, recursive=True)
+    opaque = opaque_kernel(fn)
     opaque._dflash_opaque, opaque._dflash_original = True, fn
     setattr(module, "torch_chunk_gated_delta_rule", opaque)
     conv = getattr(module, "causal_conv1d_fn", None)
