@@ -8,7 +8,8 @@
 #   run(kind="nvidia-h200", timeout_s=600, carry=[".artifacts/whl"],
 #       command="bash trainer/benchmarks/device_kernels.sh")
 # FLA_STRATEGIES (default: all of layer_kinds.STRATEGIES) picks the strategies run with fla; FALLBACK=0 skips the
-# fallback's run. Everything lands in $OUT: versions.txt, target-forward-{fla,fallback}.{json,log}.
+# fallback's run; FLA_PROFILE=1 profiles each strategy's forward after its timings (time per part, top kernels).
+# Everything lands in $OUT: versions.txt, target-forward-{fla,fallback}.{json,log}.
 set -uo pipefail
 OUT=${OUT:-/tmp/dflash-out}
 WHL=${WHL:-$PWD/.artifacts/whl}
@@ -25,7 +26,7 @@ cd trainer
 quiet() { grep --line-buffered -v -E "Loading weights|Writing model"; }
 echo "=== with flash-linear-attention"
 PYTHONPATH=$FLA_PATH timeout "${FLA_S:-380}" python3 -m benchmarks.target_forward --preset qwen3.6-27b \
-    --target-layers kinds ${FLA_STRATEGIES:+--strategies "$FLA_STRATEGIES"} --out "$OUT/target-forward-fla.json" \
+    --target-layers kinds ${FLA_STRATEGIES:+--strategies "$FLA_STRATEGIES"} ${FLA_PROFILE:+--profile} --out "$OUT/target-forward-fla.json" \
     2>&1 | quiet | tee "$OUT/target-forward-fla.log"
 echo "fla: $((SECONDS - START)) s"
 [ "${FALLBACK:-1}" = 0 ] && exit 0

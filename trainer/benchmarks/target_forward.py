@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("overrides of the preset")
     for name in OVERRIDES:
         g.add_argument(f"--{name}", type=int, default=None)
-    p.add_argument("--profile", action="store_true", help="after timing, profile a few forwards: time per part")
+    p.add_argument("--profile", action="store_true", help="after timing, profile a few forwards: time per part "
+                                                          "(with --target-layers kinds: per strategy)")
     p.add_argument("--target-layers", choices=["default", "eager", "both", "kinds"], default="default",
                    help="default: as dflash-train runs the target (decoder layers compiled on CUDA unless "
                         "DFLASH_EAGER_TARGET=1); both: eager, then compiled, same process and weights; kinds: "
@@ -260,6 +261,8 @@ def run_kinds(args, s, train, target, input_ids, flop, peak, made, layer_ids, ke
                                  "ratio_to_peak": full_flop / full_s / 1e12 / peak["tflops"]}
         rows.append(row)
         print_kinds_row(row, peak)
+        if args.profile:  # where each strategy's forward goes (e.g. the "copies" part), after its timings
+            row["profile"] = profile_steps(lambda _i: target(input_ids), sync, device.type)
     print("\n| strategy | " + " | ".join(f"{k} ms/layer (share of peak)" for k in rows[0]["per_kind"]) +
           " | 64-layer s/seq | share of peak |")
     for row in rows:
