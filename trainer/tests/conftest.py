@@ -35,7 +35,11 @@ import torch  # noqa: E402
 
 from dflash_trainer.prep.make_tiny import write_dataset, write_target  # noqa: E402
 
-torch.set_num_threads(2)
+# Two threads for a trainer pytest of its own on an idle machine; the caller's OMP_NUM_THREADS where it sets one.
+# scripts/test sets 1: its two chains already fill both cores, and this process's second thread then spins waiting
+# for the first (2026-12-05, nine in-process files beside one busy core: 174 s wall, 186 CPU-s with 2 threads;
+# 116 s, 119 CPU-s with 1; test_synthesize.py beside two busy cores: 83 -> 26 s).
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 2))
 
 
 def pytest_collect_file(file_path, parent):
