@@ -1,7 +1,8 @@
 """Under torchrun on the CPU (gloo): a target rank's layers split over several devices, and FSDP2 drafter ranks.
 
 Each compares with a DDP job of 1 target + 2 drafter ranks on the same data and seed (2 micro-batches per optimizer
-step in every job), which test_dist_train.py shows equal to one process."""
+step in every job), which test_dist_train.py shows equal to one process. Every job trains one epoch of SHAPE: 23
+micro-batches, so that its last step is short (test_a_short_last_step compares the DDP job with one process)."""
 
 import os
 import shutil
@@ -14,6 +15,7 @@ from dflash_trainer.loop.checkpoint import find_latest, load_checkpoint
 from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
 
 STEPS = 12
+SHAPE = ("--token-budget", "768", "--max-batch-size", "5", "--epochs", "1")  # 23 micro-batches: 12 steps of 2
 
 
 def losses(run_dir):
@@ -23,7 +25,7 @@ def losses(run_dir):
 def run(tiny, tmp_path, out, name, nproc, target_ranks, *extra):
     log = tmp_path / f"{name}.log"
     proc = start(torchrun_cmd(tiny, out, nproc, target_ranks, "--hs-queue-depth", "3", "--hs-queue-min-ready", "2",
-                              *extra), log)
+                              *SHAPE, *extra), log)
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     return log.read_text()
 
@@ -37,7 +39,7 @@ def assert_close(rows, ref, tol=1e-4):
 
 @pytest.fixture(scope="module")
 def ddp(tiny, tmp_path_factory):
-    """1 target + 2 DDP drafter ranks, one micro-batch each per step."""
+    """1 target + 2 DDP drafter ranks, one micro-batch each per step (the last step: 1 micro-batch, rank 2 none)."""
     tmp = tmp_path_factory.mktemp("ddp")
     text = run(tiny, tmp, tmp / "out", "ddp", 3, 1, "--grad-accum", "1", "--max-steps", str(STEPS),
                "--checkpoint-interval", str(STEPS // 2), "--drafter-sharding", "ddp")
@@ -107,18 +109,21 @@ def test_a_ddp_checkpoint_resumes_under_fsdp(tiny, tmp_path, ddp):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sharding,accum,num_steps", [("fsdp", 5, 3), ("ddp", 1, 12)])
-def test_a_short_last_step(tiny, tmp_path, sharding, accum, num_steps):
+def test_a_short_last_step(tiny, tmp_path, request, sharding, accum, num_steps):
     """23 micro-batches in an epoch (--token-budget 768, 5 a batch) over 2 drafter ranks, dealt g % 2.
     FSDP, 10 a step with a queue shallower than 5: each rank has its next micro-batch while the other computes
     (dealt in blocks of 5 this deadlocked in the first forward's gather); the last step has 3, dealt 2 + 1, and the
     second rank runs one zero-weighted repeat so that both gather alike. DDP, 2 a step: the last has 1, the second
-    rank none, and the gradients are summed by hand. Same losses as one process."""
-    shape = ("--token-budget", "768", "--max-batch-size", "5", "--epochs", "1")
+    rank none, and the gradients are summed by hand (the module's DDP job, which has this shape). Same losses as one
+    process."""
     one = tmp_path / "one"
-    proc = start(train_cmd(tiny, one, "--grad-accum", str(2 * accum), *shape), tmp_path / "one.log")
+    proc = start(train_cmd(tiny, one, "--grad-accum", str(2 * accum), *SHAPE), tmp_path / "one.log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "one.log").read_text()[-3000:]
-    out = tmp_path / "out"
-    run(tiny, tmp_path, out, sharding, 3, 1, "--grad-accum", str(accum), *shape, "--drafter-sharding", sharding)
+    if sharding == "ddp":
+        out = request.getfixturevalue("ddp")[1]
+    else:
+        out = tmp_path / "out"
+        run(tiny, tmp_path, out, sharding, 3, 1, "--grad-accum", str(accum), "--drafter-sharding", sharding)
     rows, ref = losses(out), losses(one)
     assert sorted(rows) == sorted(ref) == list(range(1, num_steps + 1))
     assert_close(rows, ref)
