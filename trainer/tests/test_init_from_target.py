@@ -125,13 +125,20 @@ def test_refusals_come_in_one_line_before_anything_is_written(tiny, tmp_path):
         assert not os.path.exists(out / "checkpoints")
 
 
-def test_the_check_before_a_restart_refuses_what_the_start_would(tiny, tmp_path):
+def check_here(capsys, argv):
+    """dflash-train --check of train_cmd's argv in this process: (exit status, stderr lines). test_preflight.py runs
+    it as the collection does, a process of its own; here it saves a process start (~4 s of imports) a check."""
+    from dflash_trainer import cli
+    capsys.readouterr()
+    rc = cli.main([cli.CHECK_FLAG] + argv[3:])
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+def test_the_check_before_a_restart_refuses_what_the_start_would(tiny, tmp_path, capsys):
     """dflash-train --check (run by the collection before it stops a live run) refuses a bad --init-drafter or
     --init-layers-from-target in the line the start would print; a good one is ok."""
     def check(*extra):
-        argv = train_cmd(tiny, tmp_path / "out", *extra)
-        proc = subprocess.run(argv[:3] + ["--check"] + argv[3:], capture_output=True, text=True, timeout=120)
-        return proc.returncode, proc.stderr.strip().splitlines()
+        return check_here(capsys, train_cmd(tiny, tmp_path / "out", *extra))
 
     assert check("--init-layers-from-target", "--num-draft-layers", "3") == (0, [])
     rc, err = check("--init-layers-from-target", "--num-draft-layers", "9")
@@ -158,17 +165,17 @@ def _renamed_layers_target(tiny, path):
     return str(path)
 
 
-def test_a_target_sharing_no_tensor_is_refused_by_the_check_from_the_headers_alone(tiny, tmp_path, monkeypatch):
+def test_a_target_sharing_no_tensor_is_refused_by_the_check_from_the_headers_alone(tiny, tmp_path, monkeypatch,
+                                                                                     capsys):
     """`shares no tensor` comes from the safetensors headers (plan_layers_from_target), so dflash-train --check
     refuses it before a restart stops the live run, without reading a tensor."""
     import safetensors
     target = _renamed_layers_target(tiny, tmp_path / "renamed")
     argv = train_cmd(tiny, tmp_path / "out", "--init-layers-from-target", "--num-draft-layers", "3")
     argv[argv.index("--target-model") + 1] = target
-    proc = subprocess.run(argv[:3] + ["--check"] + argv[3:], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+    assert check_here(capsys, argv) == (2, [
         f"dflash-train: error: --init-layers-from-target: the layers of {target} share no tensor of the same name "
-        "and shape with the drafter's; drop the flag"]
+        "and shape with the drafter's; drop the flag"])
     real = safetensors.safe_open
 
     class HeadersOnly:
