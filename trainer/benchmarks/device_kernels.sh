@@ -26,7 +26,8 @@ cd trainer
 quiet() { grep --line-buffered -v -E "Loading weights|Writing model"; }
 echo "=== with flash-linear-attention"
 PYTHONPATH=$FLA_PATH timeout "${FLA_S:-380}" python3 -m benchmarks.target_forward --preset qwen3.6-27b \
-    --target-layers kinds ${FLA_STRATEGIES:+--strategies "$FLA_STRATEGIES"} ${FLA_PROFILE:+--profile} --out "$OUT/target-forward-fla.json" \
+    --target-layers kinds ${FLA_STRATEGIES:+--strategies "$FLA_STRATEGIES"} ${FLA_PROFILE:+--profile} \
+    --out "$OUT/target-forward-fla.json" \
     2>&1 | quiet | tee "$OUT/target-forward-fla.log"
 echo "fla: $((SECONDS - START)) s"
 [ "${FALLBACK:-1}" = 0 ] && exit 0
