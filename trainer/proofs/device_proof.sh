@@ -12,8 +12,8 @@
 #               pip download --no-deps --only-binary=:all: --python-version 3.12 -d .artifacts/dev-a \
 #                   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19   (the machine has pyarrow, pandas, xxhash)
 #               cp .artifacts/dev-a/*.whl .artifacts/dev-b/
-#               (cd trainer && python -m proofs.proof_prompts --num-chitchat 22500 \
-#                   --out ../.artifacts/dev-b/prompts.jsonl)  (run 2: 6000)
+#               (cd trainer && python -m proofs.proof_prompts --num-chitchat 40000 \
+#                   --out ../.artifacts/dev-b/prompts.jsonl)  (41,607 prompts, runs 4-18; run 2: 6000)
 #               (optional) (cd trainer && python -m proofs.extra_prompts --out ../.artifacts/dev-b/extra.jsonl)
 #               (the extra prompt sets; launch copies it to $S/extra.jsonl: pass --extra-prompts $S/extra.jsonl)
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
