@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from dflash_trainer.advisor.layer_timing import (TimedLayers, back_to_back_s, decoder_layers,  # noqa: F401
-                                                fit_to_forward, project_model)  # (target_forward.py's)
+from dflash_trainer.advisor.layer_timing import (TimedLayers, decoder_layers,  # noqa: F401 (target_forward.py's)
+                                                fit_to_forward)
 from dflash_trainer.model import target as target_module
 from dflash_trainer.model.fused_projections import unfuse_layer
 from dflash_trainer.model.target import (AROUND_KERNELS, AROUND_KERNELS_SHIFTS, COMPILED, COMPILE_BY_KIND, EAGER,
@@ -85,3 +85,14 @@ def layer_flop(shape: dict, kind: str, params: int) -> float:
         flop += 4 * shape["heads"] * shape["head_dim"] * B * T * (T + 1) / 2
     return flop
 
+
+def project_model(per_kind: dict, full: dict, forward_ms: float) -> float:
+    """ms per forward of a model with `full` = {kind: layers} from a forward of fewer layers of the same kinds: that
+    forward as measured (`forward_ms`, between two synchronizations: with everything it pays once per forward, the
+    embedding, the final norm and the GPU's wait for the first launches) plus the layers `full` has beyond it, each
+    at its kind's ms (per_kind: {kind: {"layers", "ms_per_layer"}}, fitted to forwards run back to back, where the
+    launches keep ahead of the GPU as they do through a deeper model's later layers)."""
+    missing = set(full) - set(per_kind)
+    if missing:
+        raise ValueError(f"project_model: no timing for the layer kinds {sorted(missing)}")
+    return forward_ms + sum((n - per_kind[kind]["layers"]) * per_kind[kind]["ms_per_layer"] for kind, n in full.items())

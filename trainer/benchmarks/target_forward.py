@@ -10,14 +10,14 @@ the real size; the 27B has 48 + 16): `--target-layers kinds` times each way of c
 (layer_kinds.STRATEGIES, model/target.py's COMPILE_BY_KIND last), per kind (CUDA events around each layer) and for
 the whole forward, and projects the 64-layer model against its FLOP: the measured forward (between two
 synchronizations, so with what a forward pays once: the embedding, the final norm, the GPU's wait for the first
-launches) plus its 40 + 14 further layers at each kind's ms (advisor.layer_timing.project_model, which
-dflash-train --plan uses too). The kinds' ms come from forwards with the events in them, whose layers summed to up
-to 9.4 % more than the untimed forward (one H200, 2026-12-04): they give the kinds' shares, and the same forward
-run back to back their total (advisor.layer_timing.back_to_back_s: each forward's launches overlap the last one's
-GPU work, as a deeper model's later layers do; fit_to_forward; all three times are printed). The rule until
-2026-12-05 fitted the kinds to the synchronized forward, counting its once-per-forward wait again for every further
-8 layers; its figure is printed beside the new one. The `target kernels:` line says which linear-attention code ran
-(fla, or transformers' torch fallback when fla does not import).
+launches) plus its 40 + 14 further layers at each kind's ms (layer_kinds.project_model). The kinds' ms come from
+forwards with the events in them, whose layers summed to up to 9.4 % more than the untimed forward (one H200,
+2026-12-04): they give the kinds' shares, and the same forward run back to back (timing.back_to_back_s: each one's
+launches overlap the last one's GPU work, as a deeper model's later layers do) their total (advisor.layer_timing.
+fit_to_forward, which dflash-train --plan uses too; all three times are printed). The rule until 2026-12-05 fitted
+the kinds to the synchronized forward, counting its once-per-forward wait again for every further 8 layers; its
+figure is printed beside the new one. The `target kernels:` line says which linear-attention code ran (fla, or
+transformers' torch fallback when fla does not import).
 
 The target has random weights: a transformers Qwen3Config / Qwen3ForCausalLM of the preset's shape, written with
 save_pretrained (pipeline.write_target) and loaded by dflash_trainer.model.target.FrozenTarget exactly as dflash-train
@@ -52,7 +52,7 @@ from .matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
 from .pipeline import target_flop_per_token, write_target
 from .preset_args import parse_with_preset
 from .profile_parts import profile_steps
-from .timing import device_sync, timed_calls
+from .timing import back_to_back_s, device_sync, timed_calls
 
 # dflash-train's flags this benchmark takes (declared, defaulted and checked in config/train_config.py only).
 TRAIN_FLAGS = ("device", "num_target_taps", "use_soft_labels")
@@ -241,7 +241,7 @@ def run_kinds(args, s, train, target, input_ids, flop, peak, made, layer_ids, ke
             how = target.compile_layers(by_kind)
         times, _, warm_s = timed_calls(lambda _i: target(input_ids), s["warmup"], s["steps"], device)
         median = times[len(times) // 2]
-        steady = layer_kinds.back_to_back_s(lambda _i: target(input_ids), s["steps"], device_sync(device))
+        steady = back_to_back_s(lambda _i: target(input_ids), s["steps"], device)
         sync, timed_forward_s = device_sync(device), []
         with layer_kinds.TimedLayers(target) as timed:
             for _ in range(3):

@@ -13,7 +13,6 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from trainer_testlib import load_benchmark
-from dflash_trainer.advisor.layer_timing import back_to_back_s, project_model
 from dflash_trainer.config import default_target_layer_ids
 
 matmul_peak = load_benchmark("benchmarks.matmul_peak")
@@ -228,17 +227,19 @@ def test_the_deeper_model_pays_the_measured_forward_once_and_its_further_layers_
     """The 64-layer projection (issue 31): the 8 measured layers as their synchronized forward took (its
     once-per-forward wait included), each further layer at its kind's back-to-back ms; a kind without a timing is
     refused."""
+    layer_kinds = load_benchmark("benchmarks.layer_kinds")
     per_kind = {"linear_attention": {"layers": 6, "ms_per_layer": 11.0},
                 "full_attention": {"layers": 2, "ms_per_layer": 11.5}}
     measured = {"linear_attention": 6, "full_attention": 2}
-    assert project_model(per_kind, measured, 90.2) == pytest.approx(90.2)
+    assert layer_kinds.project_model(per_kind, measured, 90.2) == pytest.approx(90.2)
     full = {"linear_attention": 48, "full_attention": 16}
-    assert project_model(per_kind, full, 90.2) == pytest.approx(90.2 + 42 * 11.0 + 14 * 11.5)
+    assert layer_kinds.project_model(per_kind, full, 90.2) == pytest.approx(90.2 + 42 * 11.0 + 14 * 11.5)
     with pytest.raises(ValueError, match="no timing for the layer kinds"):
-        project_model({"linear_attention": per_kind["linear_attention"]}, full, 90.2)
+        layer_kinds.project_model({"linear_attention": per_kind["linear_attention"]}, full, 90.2)
 
 
 def test_back_to_back_calls_are_timed_together_in_order():
-    calls, syncs = [], []
-    per_call = back_to_back_s(lambda i: calls.append(i) or sum(range(20000)), 5, lambda: syncs.append(len(calls)))
-    assert calls == [0, 1, 2, 3, 4] and syncs == [0, 5] and per_call > 0
+    timing = load_benchmark("benchmarks.timing")
+    calls = []
+    per_call = timing.back_to_back_s(lambda i: calls.append(i) or sum(range(20000)), 5, torch.device("cpu"))
+    assert calls == [0, 1, 2, 3, 4] and per_call > 0

@@ -4,8 +4,6 @@ and after it, so the events stay outside the compiled graphs."""
 
 from __future__ import annotations
 
-import time
-
 from dflash_trainer.model.target import layer_kinds
 
 KIND_ORDER = ("linear_attention", "full_attention", "default")
@@ -79,27 +77,3 @@ def fit_to_forward(per_kind: dict, forward_ms: float) -> tuple[dict, float, floa
     fitted = {kind: dict(k, ms_per_layer_events=k["ms_per_layer"], ms_per_layer=k["ms_per_layer"] * scale)
               for kind, k in per_kind.items()}
     return fitted, max(0.0, forward_ms - events_ms * scale), scale
-
-
-def back_to_back_s(fn, calls: int, sync) -> float:
-    """Seconds per call of fn(0..calls-1) queued back to back, `sync()` (waits for the device) before the first and
-    after the last: the steady rate, where each call's launches overlap the previous call's GPU work as a deeper
-    model's later layers overlap its earlier ones; a call timed alone starts on an idle GPU."""
-    sync()
-    t0 = time.perf_counter()
-    for i in range(calls):
-        fn(i)
-    sync()
-    return (time.perf_counter() - t0) / calls
-
-
-def project_model(per_kind: dict, full: dict, forward_ms: float) -> float:
-    """ms per forward of a model with `full` = {kind: layers} from a forward of fewer layers of the same kinds: that
-    forward as measured (`forward_ms`, between two synchronizations: with everything it pays once per forward, the
-    embedding, the final norm and the GPU's wait for the first launches) plus the layers `full` has beyond it, each
-    at its kind's ms (per_kind: {kind: {"layers", "ms_per_layer"}}, fitted to forwards run back to back, where the
-    launches keep ahead of the GPU as they do through a deeper model's later layers)."""
-    missing = set(full) - set(per_kind)
-    if missing:
-        raise ValueError(f"project_model: no timing for the layer kinds {sorted(missing)}")
-    return forward_ms + sum((n - per_kind[kind]["layers"]) * per_kind[kind]["ms_per_layer"] for kind, n in full.items())

@@ -4,10 +4,9 @@ loop runs them (training_drafter, step.drafter_micro_batch, drafter_adamw).
 
 The target: random weights in the shape of the real target's config.json (no weights are read), its first layers
 up to one of each kind (Qwen3.5/3.6: 3 Gated DeltaNet + 1 full attention; at least MIN_LAYERS), one sequence of
---max-seq-len tokens; seconds per sequence of the whole target = that forward as timed (with what a forward pays
-once: embedding, final norm, the GPU's wait for the first launches) + each further layer of the real model at its
-kind's ms (layer_timing.project_model); the kinds' ms from their events, fitted to the same forward run back to back
-(layer_timing.back_to_back_s, fit_to_forward). The drafter: one micro-batch of the run's shape (the
+--max-seq-len tokens; seconds per sequence of the whole target = each kind's measured ms x its count in the real
+model + the rest of the forward (embedding, final norm); the kinds' ms fitted to the untimed forward where their
+events sum to more (layer_timing.fit_to_forward). The drafter: one micro-batch of the run's shape (the
 sequences --token-budget holds at --max-seq-len, at most --max-batch-size) on random hidden states, forward and
 backward, plus an optimizer step shared by --grad-accum micro-batches.
 """
@@ -18,7 +17,7 @@ import time
 
 import torch
 
-from dflash_trainer.advisor.layer_timing import TimedLayers, back_to_back_s, fit_to_forward, project_model
+from dflash_trainer.advisor.layer_timing import TimedLayers, fit_to_forward
 from dflash_trainer.model.target import layer_kinds
 
 MIN_LAYERS = 2
@@ -85,10 +84,8 @@ def target_seconds(cfg, device, log) -> tuple[dict, object]:
         n = target.model.config.num_hidden_layers
         small = layer_kinds(target.model.config, n)
         per_kind = {k: {"layers": small.count(k), "ms_per_layer": forward_ms / n} for k in dict.fromkeys(small)}
-    # the kinds' total from forwards run back to back; the real target pays the measured forward's wait once
-    steady_ms = back_to_back_s(lambda _i: target(ids), CALLS, lambda: sync(device)) * 1e3
-    per_kind, rest_ms, _ = fit_to_forward(per_kind, steady_ms)
-    total_ms = project_model(per_kind, {k: real_kinds.count(k) for k in dict.fromkeys(real_kinds)}, forward_ms)
+    per_kind, rest_ms, _ = fit_to_forward(per_kind, forward_ms)
+    total_ms = rest_ms + sum(real_kinds.count(kind) * k["ms_per_layer"] for kind, k in per_kind.items())
     return {"s_per_seq": total_ms / 1e3, "per_kind": per_kind, "rest_ms": rest_ms, "layers": len(real_kinds),
             "layers_per_kind": {k: real_kinds.count(k) for k in per_kind}, "compiled": how}, target
 
