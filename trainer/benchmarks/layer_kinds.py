@@ -84,15 +84,3 @@ def layer_flop(shape: dict, kind: str, params: int) -> float:
     if kind != "linear_attention":
         flop += 4 * shape["heads"] * shape["head_dim"] * B * T * (T + 1) / 2
     return flop
-
-
-def project_model(per_kind: dict, full: dict, forward_ms: float) -> float:
-    """ms per forward of a model with `full` = {kind: layers} from a forward of fewer layers of the same kinds: that
-    forward as measured (`forward_ms`, between two synchronizations: with everything it pays once per forward, the
-    embedding, the final norm and the GPU's wait for the first launches) plus the layers `full` has beyond it, each
-    at its kind's ms (per_kind: {kind: {"layers", "ms_per_layer"}}, fitted to forwards run back to back, where the
-    launches keep ahead of the GPU as they do through a deeper model's later layers)."""
-    missing = set(full) - set(per_kind)
-    if missing:
-        raise ValueError(f"project_model: no timing for the layer kinds {sorted(missing)}")
-    return forward_ms + sum((n - per_kind[kind]["layers"]) * per_kind[kind]["ms_per_layer"] for kind, n in full.items())

@@ -8,15 +8,11 @@
 The seed's family (--preset qwen3.6-27b: Qwen3.6-27B's text shape, 6 Gated DeltaNet + 2 full-attention layers of
 the real size; the 27B has 48 + 16): `--target-layers kinds` times each way of compiling each layer kind
 (layer_kinds.STRATEGIES, model/target.py's COMPILE_BY_KIND last), per kind (CUDA events around each layer) and for
-the whole forward, and projects the 64-layer model against its FLOP: the measured forward (between two
-synchronizations, so with what a forward pays once: the embedding, the final norm, the GPU's wait for the first
-launches) plus its 40 + 14 further layers at each kind's ms (layer_kinds.project_model). The kinds' ms come from
-forwards with the events in them, whose layers summed to up to 9.4 % more than the untimed forward (one H200,
-2026-12-04): they give the kinds' shares, and the same forward run back to back (timing.back_to_back_s: each one's
-launches overlap the last one's GPU work, as a deeper model's later layers do) their total (advisor.layer_timing.
-fit_to_forward, which dflash-train --plan uses too; all three times are printed). The rule until 2026-12-05 fitted
-the kinds to the synchronized forward, counting its once-per-forward wait again for every further 8 layers; its
-figure is printed beside the new one. The `target kernels:` line says which linear-attention code ran (fla, or
+the whole forward, and projects the 64-layer model: 48 x its DeltaNet ms + 16 x its full-attention ms + the rest of
+the measured forward (embedding, final norm), against its FLOP. The kinds' ms come from forwards with the events in
+them, whose layers summed to up to 9.4 % more than the untimed forward (one H200, 2026-12-04): where they exceed it,
+they are scaled to it (advisor.layer_timing.fit_to_forward, which dflash-train --plan uses too; both are printed,
+with the timed forwards' own time). The `target kernels:` line says which linear-attention code ran (fla, or
 transformers' torch fallback when fla does not import).
 
 The target has random weights: a transformers Qwen3Config / Qwen3ForCausalLM of the preset's shape, written with
@@ -52,7 +48,7 @@ from .matmul_peak import PEAK_N, benchmark_device, describe, measure_peak
 from .pipeline import target_flop_per_token, write_target
 from .preset_args import parse_with_preset
 from .profile_parts import profile_steps
-from .timing import back_to_back_s, device_sync, timed_calls
+from .timing import device_sync, timed_calls
 
 # dflash-train's flags this benchmark takes (declared, defaulted and checked in config/train_config.py only).
 TRAIN_FLAGS = ("device", "num_target_taps", "use_soft_labels")
@@ -241,7 +237,6 @@ def run_kinds(args, s, train, target, input_ids, flop, peak, made, layer_ids, ke
             how = target.compile_layers(by_kind)
         times, _, warm_s = timed_calls(lambda _i: target(input_ids), s["warmup"], s["steps"], device)
         median = times[len(times) // 2]
-        steady = back_to_back_s(lambda _i: target(input_ids), s["steps"], device)
         sync, timed_forward_s = device_sync(device), []
         with layer_kinds.TimedLayers(target) as timed:
             for _ in range(3):
@@ -251,39 +246,30 @@ def run_kinds(args, s, train, target, input_ids, flop, peak, made, layer_ids, ke
                 timed_forward_s.append(time.perf_counter() - t0)
         events = timed.per_kind()
         events_ms = sum(k["layers"] * k["ms_per_layer"] for k in events.values())
-        # the kinds' shares from the events, their total from the back-to-back forwards (steady, as layer after layer
-        # runs in a deeper model); the synchronized forward's extra is paid once per forward
-        per_kind, rest_ms, scale = layer_kinds.fit_to_forward(events, steady * 1e3)
+        per_kind, rest_ms, scale = layer_kinds.fit_to_forward(events, median * 1e3)
         for kind, k in per_kind.items():
             k["tflops"] = layer_kinds.layer_flop(s, kind, params[kind]) / (k["ms_per_layer"] / 1e3) / 1e12
             k["ratio_to_peak"] = k["tflops"] / peak["tflops"]
         row = {"strategy": name, "by_kind": by_kind, "layers": how, "warmup_s": warm_s, "forward_s_median": median,
                "forward_s_all": times, "ratio_to_peak": flop["total"] / median / 1e12 / peak["tflops"],
-               "forward_s_back_to_back": steady, "once_per_forward_ms": (median - steady) * 1e3,
                "per_kind": per_kind, "rest_ms": rest_ms, "events_ms": events_ms,
                "timed_forward_s": sorted(timed_forward_s), "events_scale": scale}
         if full and all(kind in per_kind for kind in full):
-            full_s = layer_kinds.project_model(per_kind, full, median * 1e3) / 1e3
-            # the rule until 2026-12-05, for the same-process comparison: every kind fitted to the synchronized
-            # forward, so its once-per-forward wait was counted again for each further 8 layers
-            synced, synced_rest, _ = layer_kinds.fit_to_forward(events, median * 1e3)
-            synced_s = (sum(n * synced[kind]["ms_per_layer"] for kind, n in full.items()) + synced_rest) / 1e3
+            full_s = (sum(n * per_kind[kind]["ms_per_layer"] for kind, n in full.items()) + rest_ms) / 1e3
             row["full_model"] = {"layers": full, "s_per_forward": full_s, "s_per_sequence": full_s / s["batch"],
                                  "tflops": full_flop / full_s / 1e12,
-                                 "ratio_to_peak": full_flop / full_s / 1e12 / peak["tflops"],
-                                 "ratio_to_peak_synchronized_rule": full_flop / synced_s / 1e12 / peak["tflops"]}
+                                 "ratio_to_peak": full_flop / full_s / 1e12 / peak["tflops"]}
         rows.append(row)
         print_kinds_row(row, peak)
         if args.profile:  # where each strategy's forward goes (e.g. the "copies" part), after its timings
             row["profile"] = profile_steps(lambda _i: target(input_ids), sync, device.type)
     print("\n| strategy | " + " | ".join(f"{k} ms/layer (share of peak)" for k in rows[0]["per_kind"]) +
-          " | 64-layer s/seq | share of peak | by the synchronized rule |")
+          " | 64-layer s/seq | share of peak |")
     for row in rows:
         fm = row.get("full_model", {})
         print(f"| {row['strategy']} | " + " | ".join(
             f"{k['ms_per_layer']:.2f} ({k['ratio_to_peak']:.3f})" for k in row["per_kind"].values()) +
-            f" | {fm.get('s_per_sequence', float('nan')):.3f} | {fm.get('ratio_to_peak', float('nan')):.3f} | "
-            f"{fm.get('ratio_to_peak_synchronized_rule', float('nan')):.3f} |")
+            f" | {fm.get('s_per_sequence', float('nan')):.3f} | {fm.get('ratio_to_peak', float('nan')):.3f} |")
     result = {"shape": s, "train_flags": train, "target_layer_ids": layer_ids, "layer_params": made["layer_params"],
               "kind_params": params, "device": peak["device"], "peak": peak, "peak_tflops": peak["tflops"],
               "target_kernels": kernels, "tflop_per_forward": {k: v / 1e12 for k, v in flop.items()},
@@ -306,13 +292,10 @@ def print_kinds_row(row: dict, peak: dict) -> None:
                       f"({k['ratio_to_peak']:.3f})" for kind, k in row["per_kind"].items())
     fm = row.get("full_model")
     full = (f"; 64-layer model {fm['s_per_sequence']:.3f} s/seq, {fm['tflops']:.0f} TFLOP/s = "
-            f"{fm['ratio_to_peak']:.3f} of {peak['tflops']:.1f} (by the synchronized rule "
-            f"{fm['ratio_to_peak_synchronized_rule']:.3f})") if fm else ""
+            f"{fm['ratio_to_peak']:.3f} of {peak['tflops']:.1f}") if fm else ""
     timed_ms = row["timed_forward_s"][len(row["timed_forward_s"]) // 2] * 1e3
     print(f"[{row['strategy']}] {row['layers']}; warm-up {row['warmup_s']:.1f} s; forward "
-          f"{row['forward_s_median'] * 1e3:.1f} ms ({row['ratio_to_peak']:.3f} of peak), back to back "
-          f"{row['forward_s_back_to_back'] * 1e3:.1f} ms ({row['once_per_forward_ms']:.1f} ms once per forward); "
-          f"layers' events "
+          f"{row['forward_s_median'] * 1e3:.1f} ms ({row['ratio_to_peak']:.3f} of peak); layers' events "
           f"{row['events_ms']:.1f} ms in timed forwards of {timed_ms:.1f} ms, the kinds scaled by "
           f"{row['events_scale']:.3f} to the forward; {kinds}; rest {row['rest_ms']:.1f} ms{full}", flush=True)
 

@@ -33,16 +33,3 @@ def timed_calls(fn, warmup: int, steps: int, device):
         sync()
         times.append(time.perf_counter() - t0)
     return sorted(times), out, warm_s
-
-
-def back_to_back_s(fn, calls: int, device) -> float:
-    """Seconds per call of fn(0..calls-1) queued back to back, one synchronization before the first and after the
-    last: the steady rate, where each call's launches overlap the previous call's GPU work (as a deeper model's later
-    layers overlap its earlier ones), unlike timed_calls, whose every call starts on an idle GPU."""
-    sync = device_sync(device)
-    sync()
-    t0 = time.perf_counter()
-    for i in range(calls):
-        fn(i)
-    sync()
-    return (time.perf_counter() - t0) / calls

@@ -221,25 +221,3 @@ def test_eval_replay_times_the_replay_against_the_decode_with_the_same_figures(t
     assert rows[1]["tau_decode"] > 1  # the repeating prompts: prompt lookup's drafts are accepted too
     assert "| dflash |" in capsys.readouterr().out
     assert bench.main(["--device", "cpu", "--target-model", str(tmp_path)]) == 2
-
-
-def test_the_deeper_model_pays_the_measured_forward_once_and_its_further_layers_at_the_steady_rate():
-    """The 64-layer projection (issue 31): the 8 measured layers as their synchronized forward took (its
-    once-per-forward wait included), each further layer at its kind's back-to-back ms; a kind without a timing is
-    refused."""
-    layer_kinds = load_benchmark("benchmarks.layer_kinds")
-    per_kind = {"linear_attention": {"layers": 6, "ms_per_layer": 11.0},
-                "full_attention": {"layers": 2, "ms_per_layer": 11.5}}
-    measured = {"linear_attention": 6, "full_attention": 2}
-    assert layer_kinds.project_model(per_kind, measured, 90.2) == pytest.approx(90.2)
-    full = {"linear_attention": 48, "full_attention": 16}
-    assert layer_kinds.project_model(per_kind, full, 90.2) == pytest.approx(90.2 + 42 * 11.0 + 14 * 11.5)
-    with pytest.raises(ValueError, match="no timing for the layer kinds"):
-        layer_kinds.project_model({"linear_attention": per_kind["linear_attention"]}, full, 90.2)
-
-
-def test_back_to_back_calls_are_timed_together_in_order():
-    timing = load_benchmark("benchmarks.timing")
-    calls = []
-    per_call = timing.back_to_back_s(lambda i: calls.append(i) or sum(range(20000)), 5, torch.device("cpu"))
-    assert calls == [0, 1, 2, 3, 4] and per_call > 0
