@@ -8,7 +8,7 @@ import math
 import sys
 import time
 
-from .timing import device_sync
+from .timing import back_to_back_s, device_sync
 
 
 def measure_peak(device, n: int) -> dict:
@@ -32,6 +32,19 @@ def measure_peak(device, n: int) -> dict:
         torch.cuda.empty_cache()
     return {"tflops": 2 * n ** 3 / best / 1e12, "n": n, "dtype": str(dtype).replace("torch.", ""),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+
+
+def measure_sustained_peak(device, n: int, calls: int) -> dict:
+    """`calls` n^3 matrix products back to back (timing.back_to_back_s): the rate with the device busy for as long as
+    the work it is compared with, where a power cap or heat may lower the clocks that a product timed alone keeps."""
+    import torch
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    s = back_to_back_s(lambda _i: a @ b, calls, device)
+    del a, b
+    return {"tflops": 2 * n ** 3 / s / 1e12, "n": n, "calls": calls, "dtype": str(dtype).replace("torch.", "")}
 
 
 def describe(peak: dict) -> str:

@@ -33,3 +33,16 @@ def timed_calls(fn, warmup: int, steps: int, device):
         sync()
         times.append(time.perf_counter() - t0)
     return sorted(times), out, warm_s
+
+
+def back_to_back_s(fn, calls: int, device) -> float:
+    """Seconds per call of fn(0..calls-1) queued back to back, one synchronization before the first and after the
+    last: the device busy without a pause, as through a deeper model's layers or a training run's forwards (a call
+    timed alone, as timed_calls does, follows an idle moment)."""
+    sync = device_sync(device)
+    sync()
+    t0 = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    sync()
+    return (time.perf_counter() - t0) / calls

@@ -221,3 +221,12 @@ def test_eval_replay_times_the_replay_against_the_decode_with_the_same_figures(t
     assert rows[1]["tau_decode"] > 1  # the repeating prompts: prompt lookup's drafts are accepted too
     assert "| dflash |" in capsys.readouterr().out
     assert bench.main(["--device", "cpu", "--target-model", str(tmp_path)]) == 2
+
+
+def test_back_to_back_calls_are_timed_together_in_order_and_so_is_the_sustained_peak():
+    timing = load_benchmark("benchmarks.timing")
+    calls = []
+    per_call = timing.back_to_back_s(lambda i: calls.append(i) or sum(range(20000)), 5, torch.device("cpu"))
+    assert calls == [0, 1, 2, 3, 4] and per_call > 0
+    sustained = matmul_peak.measure_sustained_peak(torch.device("cpu"), 64, 12)
+    assert sustained["tflops"] > 0 and (sustained["n"], sustained["calls"], sustained["dtype"]) == (64, 12, "float32")
