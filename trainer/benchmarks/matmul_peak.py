@@ -11,12 +11,17 @@ import time
 from .timing import back_to_back_s, device_sync
 
 
+def square_operands(device, n: int):
+    """(a, b, dtype): two random n x n matrices, bf16 on CUDA, fp32 on the CPU (the dtype the CPU path trains in)."""
+    import torch
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return (torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype), dtype)
+
+
 def measure_peak(device, n: int) -> dict:
     """Best of ten n^3 matrix products (bf16 on CUDA; fp32 on the CPU, the dtype the CPU path trains in)."""
     import torch
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    a, b, dtype = square_operands(device, n)
     sync = device_sync(device)
     for _ in range(3):
         a @ b
@@ -37,10 +42,7 @@ def measure_peak(device, n: int) -> dict:
 def measure_sustained_peak(device, n: int, calls: int) -> dict:
     """`calls` n^3 matrix products back to back (timing.back_to_back_s): the rate with the device busy for as long as
     the work it is compared with, where a power cap or heat may lower the clocks that a product timed alone keeps."""
-    import torch
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    a, b, dtype = square_operands(device, n)
     a @ b
     s = back_to_back_s(lambda _i: a @ b, calls, device)
     del a, b
