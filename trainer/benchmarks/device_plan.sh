@@ -5,7 +5,7 @@
 # then --plan of the seed's 8-GPU job (all 64 layers from a config-only target dir; the 5 + 3 split).
 #   run(kind="nvidia-h200", timeout_s=600, carry=[".artifacts/whl"], command="bash trainer/benchmarks/device_plan.sh")
 # (.artifacts/whl: the fla extra's wheels, as for device_kernels.sh.) $OUT: seed-1-1-shared.{json,log}, plan-1-1.{json,log},
-# plan-seed-8gpu.{json,log}.
+# plan-seed-8gpu.{json,log}. SEED_8GPU=0 stops after the 1 + 1 check (its measured job and --plan take ~400 s).
 set -uo pipefail
 OUT=${OUT:-/tmp/dflash-out}
 WHL=${WHL:-$PWD/.artifacts/whl}
@@ -30,6 +30,7 @@ timeout 150 python3 -m dflash_trainer.cli --plan --target-model $W/target --data
     --output-dir /tmp/plan-1-1 --target-gpus 0 --drafter-gpus 0 "${SHAPE[@]}" 2>&1 | quiet \
     | tee "$OUT/plan-1-1.log"
 cp /tmp/plan-1-1/plan.json "$OUT/plan-1-1.json"
+[ "${SEED_8GPU:-1}" = 0 ] && { echo "total: $((SECONDS - START)) s"; exit 0; }
 echo "=== the seed's job on 8 GPUs (64 layers, config only)"
 mkdir -p /tmp/seed64 && cp $W/target/added_tokens.json /tmp/seed64/
 python3 -c "

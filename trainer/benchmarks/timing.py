@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import time
 
-
-def device_sync(device):
-    """A function that waits for the device's queued work (nothing to wait for on the CPU)."""
-    import torch
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+# one implementation with the product (dflash-train --plan times its stages back to back the same way)
+from dflash_trainer.advisor.busy_timing import back_to_back_s, device_sync  # noqa: F401 (re-exported)
 
 
 def timed_calls(fn, warmup: int, steps: int, device):
@@ -33,16 +30,3 @@ def timed_calls(fn, warmup: int, steps: int, device):
         sync()
         times.append(time.perf_counter() - t0)
     return sorted(times), out, warm_s
-
-
-def back_to_back_s(fn, calls: int, device) -> float:
-    """Seconds per call of fn(0..calls-1) queued back to back, one synchronization before the first and after the
-    last: the device busy without a pause, as through a deeper model's layers or a training run's forwards (a call
-    timed alone, as timed_calls does, follows an idle moment)."""
-    sync = device_sync(device)
-    sync()
-    t0 = time.perf_counter()
-    for i in range(calls):
-        fn(i)
-    sync()
-    return (time.perf_counter() - t0) / calls

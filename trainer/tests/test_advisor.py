@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dflash_trainer.advisor import predict
-from dflash_trainer.advisor.layer_timing import fit_to_forward
+from dflash_trainer.advisor.layer_timing import at_busy_pace, fit_to_forward
 
 
 def test_a_job_runs_at_its_slower_stage():
@@ -61,6 +61,13 @@ def test_plan_on_the_cpu_writes_plan_json(tmp_path):
     assert plan["configured"]["seq_per_s"] == pytest.approx(1 / (t["s_per_seq"] + d["s_per_seq"]))
     assert plan["best"] == plan["configured"] and plan["warning"] is None
     assert "torch fallback" in plan["target_kernels"] and plan["queue"]["deepest"] > 0
+    # both stages at the pace of the device kept busy, the forward alone kept beside it
+    pace = t["forward_ms_busy"] / t["forward_ms_alone"]
+    for kind, n in t["layers_per_kind"].items():
+        assert t["per_kind"][kind]["ms_per_layer"] == pytest.approx(t["per_kind"][kind]["ms_per_layer_alone"] * pace)
+    assert sum(n * t["per_kind"][k]["ms_per_layer"] for k, n in t["layers_per_kind"].items()) + t["rest_ms"] == \
+        pytest.approx(t["s_per_seq"] * 1e3)
+    assert d["micro_batch_s"] > 0 and d["micro_batch_s_alone"] > 0 and "busy" in r.stdout
     assert "predicted seq/s" in r.stdout and "verdict:" in r.stdout
 
 
@@ -75,3 +82,13 @@ def test_layer_kinds_fitted_to_the_untimed_forward_keep_their_shares(forward_ms,
     assert sum(k["layers"] * k["ms_per_layer"] for k in fitted.values()) + rest_ms == pytest.approx(forward_ms)
     assert fitted["linear_attention"]["ms_per_layer_events"] == 12.5
     assert events["linear_attention"]["ms_per_layer"] == 12.5  # the measured figures are not changed in place
+
+
+def test_kinds_at_the_busy_pace_keep_their_shares_and_sum_to_the_busy_forward():
+    """Forwards back to back took 1.05 x the forward alone (a power-capped GPU): every kind and the rest slow alike."""
+    fitted, rest_ms, _ = fit_to_forward({"linear_attention": {"layers": 6, "ms_per_layer": 12.0},
+                                         "full_attention": {"layers": 2, "ms_per_layer": 11.0}}, 98.0)
+    busy, busy_rest = at_busy_pace(fitted, rest_ms, 1.05)
+    assert busy_rest == pytest.approx(4.0 * 1.05)  # 98 - (6 x 12 + 2 x 11)
+    assert sum(k["layers"] * k["ms_per_layer"] for k in busy.values()) + busy_rest == pytest.approx(98.0 * 1.05)
+    assert busy["linear_attention"]["ms_per_layer_alone"] == 12.0 and fitted["linear_attention"]["ms_per_layer"] == 12.0

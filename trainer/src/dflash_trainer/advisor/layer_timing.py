@@ -77,3 +77,12 @@ def fit_to_forward(per_kind: dict, forward_ms: float) -> tuple[dict, float, floa
     fitted = {kind: dict(k, ms_per_layer_events=k["ms_per_layer"], ms_per_layer=k["ms_per_layer"] * scale)
               for kind, k in per_kind.items()}
     return fitted, max(0.0, forward_ms - events_ms * scale), scale
+
+
+def at_busy_pace(per_kind: dict, rest_ms: float, pace: float) -> tuple[dict, float]:
+    """The kinds' ms per layer and the rest at the pace of forwards run back to back (busy_timing): pace = the busy
+    forward's ms / the forward's alone, so each kind keeps its share and the whole is the busy forward's. Returns
+    (per_kind with "ms_per_layer" at that pace and "ms_per_layer_alone" as fitted, the rest at that pace)."""
+    busy = {kind: dict(k, ms_per_layer_alone=k["ms_per_layer"], ms_per_layer=k["ms_per_layer"] * pace)
+            for kind, k in per_kind.items()}
+    return busy, rest_ms * pace

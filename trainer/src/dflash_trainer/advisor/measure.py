@@ -9,6 +9,10 @@ model + the rest of the forward (embedding, final norm); the kinds' ms fitted to
 events sum to more (layer_timing.fit_to_forward). The drafter: one micro-batch of the run's shape (the
 sequences --token-budget holds at --max-seq-len, at most --max-batch-size) on random hidden states, forward and
 backward, plus an optimizer step shared by --grad-accum micro-batches.
+
+Both stages are predicted at the pace of a device kept busy, as the run keeps it (busy_timing): the forwards and
+the micro-batches are also run back to back for busy_timing.SUSTAIN_S, and the target's kinds are scaled by that
+pace against its forward timed alone (layer_timing.at_busy_pace); both figures are kept in plan.json.
 """
 
 from __future__ import annotations
@@ -17,16 +21,12 @@ import time
 
 import torch
 
-from dflash_trainer.advisor.layer_timing import TimedLayers, fit_to_forward
+from dflash_trainer.advisor.busy_timing import back_to_back_s, busy_calls, device_sync
+from dflash_trainer.advisor.layer_timing import TimedLayers, at_busy_pace, fit_to_forward
 from dflash_trainer.model.target import layer_kinds
 
 MIN_LAYERS = 2
 WARMUP, CALLS = 2, 3
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_layers(text_config) -> int:
@@ -64,14 +64,15 @@ def target_seconds(cfg, device, log) -> tuple[dict, object]:
     log(f"plan: target: {target.model.config.num_hidden_layers} random layers of {type(target.model).__name__}'s "
         f"shape, {how}")
     ids = torch.randint(0, real.vocab_size - 1, (1, cfg.max_seq_len), generator=torch.Generator().manual_seed(0))
+    sync = device_sync(device)
     for _ in range(WARMUP):
         target(ids)
-    sync(device)
+    sync()
     times = []
     for _ in range(CALLS):
         t0 = time.perf_counter()
         target(ids)
-        sync(device)
+        sync()
         times.append(time.perf_counter() - t0)
     forward_ms = sorted(times)[len(times) // 2] * 1e3
     real_kinds = layer_kinds(real, real.num_hidden_layers)
@@ -85,9 +86,12 @@ def target_seconds(cfg, device, log) -> tuple[dict, object]:
         small = layer_kinds(target.model.config, n)
         per_kind = {k: {"layers": small.count(k), "ms_per_layer": forward_ms / n} for k in dict.fromkeys(small)}
     per_kind, rest_ms, _ = fit_to_forward(per_kind, forward_ms)
+    busy_ms = back_to_back_s(lambda _i: target(ids), busy_calls(forward_ms / 1e3, CALLS), device) * 1e3
+    per_kind, rest_ms = at_busy_pace(per_kind, rest_ms, busy_ms / forward_ms)
     total_ms = rest_ms + sum(real_kinds.count(kind) * k["ms_per_layer"] for kind, k in per_kind.items())
     return {"s_per_seq": total_ms / 1e3, "per_kind": per_kind, "rest_ms": rest_ms, "layers": len(real_kinds),
-            "layers_per_kind": {k: real_kinds.count(k) for k in per_kind}, "compiled": how}, target
+            "layers_per_kind": {k: real_kinds.count(k) for k in per_kind}, "compiled": how,
+            "forward_ms_alone": forward_ms, "forward_ms_busy": busy_ms}, target
 
 
 def drafter_seconds(cfg, drafter_cfg, num_taps: int, target, device, log) -> dict:
@@ -115,20 +119,23 @@ def drafter_seconds(cfg, drafter_cfg, num_taps: int, target, device, log) -> dic
                                   soft_label_temperature=cfg.soft_label_temperature)
         out.loss.backward()
 
+    sync = device_sync(device)
+
     def timed(fn, calls):
         times = []
         for i in range(calls):
-            sync(device)
+            sync()
             t0 = time.perf_counter()
             fn(i)
-            sync(device)
+            sync()
             times.append(time.perf_counter() - t0)
         return sorted(times)[len(times) // 2]
 
     for i in range(WARMUP):  # compilation, the allocator
         micro_batch(i)
-    mb_s = timed(micro_batch, CALLS)
+    mb_alone_s = timed(micro_batch, CALLS)
+    mb_s = back_to_back_s(micro_batch, busy_calls(mb_alone_s, CALLS), device)  # the pace the loop keeps
     opt_s = timed(lambda _i: optimizer.step(), CALLS)  # on the accumulated gradients
     optimizer.zero_grad(set_to_none=True)
-    return {"s_per_seq": (mb_s + opt_s / cfg.grad_accum) / B, "micro_batch_s": mb_s, "optimizer_s": opt_s,
-            "sequences_per_micro_batch": B}
+    return {"s_per_seq": (mb_s + opt_s / cfg.grad_accum) / B, "micro_batch_s": mb_s,
+            "micro_batch_s_alone": mb_alone_s, "optimizer_s": opt_s, "sequences_per_micro_batch": B}

@@ -100,9 +100,11 @@ def report(plan: dict) -> None:
     kinds = ", ".join(f"{n} {kind} x {t['per_kind'][kind]['ms_per_layer']:.2f} ms"
                       for kind, n in t["layers_per_kind"].items())
     log(f"target stage: {t['s_per_seq']:.3f} s per sequence of {plan['seq_len']} tokens ({kinds}, + "
-        f"{t['rest_ms']:.1f} ms; {t['compiled']})")
+        f"{t['rest_ms']:.1f} ms; {t['compiled']}; the device busy: forward {t['forward_ms_busy']:.1f} ms against "
+        f"{t['forward_ms_alone']:.1f} alone)")
     log(f"drafter stage: {d['s_per_seq']:.3f} s per sequence ({d['sequences_per_micro_batch']} per micro-batch: "
-        f"{d['micro_batch_s']:.3f} s + optimizer {d['optimizer_s']:.3f} s per step)")
+        f"{d['micro_batch_s']:.3f} s busy, {d['micro_batch_s_alone']:.3f} alone, + optimizer {d['optimizer_s']:.3f} "
+        f"s per step)")
     log("| target GPUs | drafter GPUs | target seq/s | drafter seq/s | predicted seq/s | bound by |")
     for o in plan["splits"] + ([plan["configured"]] if plan["configured"] not in plan["splits"] else []):
         mark = " (configured)" if o == plan["configured"] else ""
