@@ -21,6 +21,18 @@ def device_sync(device):
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
+def alone_s(fn, calls: int, device) -> float:
+    """Median seconds of fn(0..calls-1), each call between two synchronizations: a call timed alone."""
+    sync, times = device_sync(device), []
+    for i in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        fn(i)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
 def back_to_back_s(fn, calls: int, device) -> float:
     """Seconds per call of fn(0..calls-1) queued back to back, one synchronization before the first and after the
     last: the device busy without a pause, as through a deeper model's layers or a training run's steps."""

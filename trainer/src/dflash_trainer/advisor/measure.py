@@ -17,11 +17,9 @@ pace against its forward timed alone (layer_timing.at_busy_pace); both figures a
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from dflash_trainer.advisor.busy_timing import back_to_back_s, busy_calls, device_sync
+from dflash_trainer.advisor.busy_timing import alone_s, back_to_back_s, busy_calls
 from dflash_trainer.advisor.layer_timing import TimedLayers, at_busy_pace, fit_to_forward
 from dflash_trainer.model.target import layer_kinds
 
@@ -64,17 +62,9 @@ def target_seconds(cfg, device, log) -> tuple[dict, object]:
     log(f"plan: target: {target.model.config.num_hidden_layers} random layers of {type(target.model).__name__}'s "
         f"shape, {how}")
     ids = torch.randint(0, real.vocab_size - 1, (1, cfg.max_seq_len), generator=torch.Generator().manual_seed(0))
-    sync = device_sync(device)
     for _ in range(WARMUP):
         target(ids)
-    sync()
-    times = []
-    for _ in range(CALLS):
-        t0 = time.perf_counter()
-        target(ids)
-        sync()
-        times.append(time.perf_counter() - t0)
-    forward_ms = sorted(times)[len(times) // 2] * 1e3
+    forward_ms = alone_s(lambda _i: target(ids), CALLS, device) * 1e3
     real_kinds = layer_kinds(real, real.num_hidden_layers)
     if device.type == "cuda":
         with TimedLayers(target) as timed:
@@ -119,23 +109,11 @@ def drafter_seconds(cfg, drafter_cfg, num_taps: int, target, device, log) -> dic
                                   soft_label_temperature=cfg.soft_label_temperature)
         out.loss.backward()
 
-    sync = device_sync(device)
-
-    def timed(fn, calls):
-        times = []
-        for i in range(calls):
-            sync()
-            t0 = time.perf_counter()
-            fn(i)
-            sync()
-            times.append(time.perf_counter() - t0)
-        return sorted(times)[len(times) // 2]
-
     for i in range(WARMUP):  # compilation, the allocator
         micro_batch(i)
-    mb_alone_s = timed(micro_batch, CALLS)
+    mb_alone_s = alone_s(micro_batch, CALLS, device)
     mb_s = back_to_back_s(micro_batch, busy_calls(mb_alone_s, CALLS), device)  # the pace the loop keeps
-    opt_s = timed(lambda _i: optimizer.step(), CALLS)  # on the accumulated gradients
+    opt_s = alone_s(lambda _i: optimizer.step(), CALLS, device)  # on the accumulated gradients
     optimizer.zero_grad(set_to_none=True)
     return {"s_per_seq": (mb_s + opt_s / cfg.grad_accum) / B, "micro_batch_s": mb_s,
             "micro_batch_s_alone": mb_alone_s, "optimizer_s": opt_s, "sequences_per_micro_batch": B}
