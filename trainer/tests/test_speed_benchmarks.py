@@ -230,3 +230,28 @@ def test_back_to_back_calls_are_timed_together_in_order_and_so_is_the_sustained_
     assert calls == [0, 1, 2, 3, 4] and per_call > 0
     sustained = matmul_peak.measure_sustained_peak(torch.device("cpu"), 64, 12)
     assert sustained["tflops"] > 0 and (sustained["n"], sustained["calls"], sustained["dtype"]) == (64, 12, "float32")
+
+
+def test_regeneration_times_each_kv_cache_with_the_same_greedy_answers(tmp_path, capsys):
+    bench = load_benchmark("benchmarks.regeneration")
+    assert bench.main(["--out", str(tmp_path / "regen.json")]) == 0
+    result = json.load(open(tmp_path / "regen.json"))
+    shape = bench.PRESETS["tiny-cpu"]
+    assert [(r["cache"], r["batch"]) for r in result["rows"]] == [
+        (c, b) for b in shape["batches"] for c in ("dynamic", "static", "static-compiled")]
+    # every answer runs to the cap (EOS is the last id, away from the prompts), and the static cache's greedy
+    # answers are the dynamic cache's
+    assert all(r["tokens"] == r["batch"] * shape["new_tokens"] and r["s"] > 0 for r in result["rows"])
+    assert all(r["identical"] == 1.0 for r in result["rows"])
+    out = capsys.readouterr().out
+    assert "vs dynamic" in out and "aten::" in out  # the table and the profiler's
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["--caches", "paged"])
+    assert stopped.value.code == 2 and "unknown --caches paged" in capsys.readouterr().err
+
+
+def test_an_unknown_kv_cache_is_refused_before_the_target_loads(tmp_path):
+    from dflash_trainer.prep.generate import Generator
+    with pytest.raises(ValueError, match="unknown KV cache 'paged'; choose one of dynamic, static, static-compiled"):
+        Generator(str(tmp_path / "absent"), SimpleNamespace(pad_token_id=0, eos_token_id=1), "transformers", "cpu",
+                  0.0, 4, 2, 0, cache="paged")

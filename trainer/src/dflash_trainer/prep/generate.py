@@ -1,5 +1,9 @@
 """Batched sampling from the target for dflash-prepare-data --regenerate: vLLM when importable (and --engine
-allows), else transformers generate (batched, left padding)."""
+allows), else transformers generate (batched, left padding).
+
+`cache` picks transformers' KV cache: "dynamic" (grows by concatenation every step), "static" (allocated once for
+the batch, eager) or "static-compiled" (the same, with transformers' own compilation of the decoding step on
+CUDA). benchmarks/regeneration.py times the three on the GPU before any of them becomes a default."""
 
 from __future__ import annotations
 
@@ -19,12 +23,18 @@ def eos_ids_of(model_dir: str, tokenizer) -> set[int]:
     return ids
 
 
+CACHES = ("dynamic", "static", "static-compiled")
+
+
 class Generator:
     """Batched sampling from the target: vLLM when importable (and --engine allows), else transformers."""
 
     def __init__(self, model_dir: str, tokenizer, engine: str, device: str, temperature: float,
-                 max_new_tokens: int, batch_size: int, seed: int):
+                 max_new_tokens: int, batch_size: int, seed: int, cache: str = "dynamic"):
         import torch
+        if cache not in CACHES:
+            raise ValueError(f"unknown KV cache {cache!r}; choose one of {', '.join(CACHES)}")
+        self.cache = cache
         self.tokenizer, self.temperature, self.max_new_tokens = tokenizer, temperature, max_new_tokens
         self.batch_size, self.seed = batch_size, seed
         self.eos = eos_ids_of(model_dir, tokenizer)
@@ -72,6 +82,8 @@ class Generator:
             # pure temperature sampling (no top-k/top-p cut); greedy when --temperature 0
             sampling = dict(do_sample=True, temperature=self.temperature, top_p=1.0, top_k=0) \
                 if self.temperature > 0 else dict(do_sample=False)
+            if self.cache != "dynamic":
+                sampling.update(cache_implementation="static", disable_compile=self.cache == "static")
             with torch.no_grad():
                 out = self.model.generate(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
                                           max_new_tokens=limit, min_new_tokens=0, eos_token_id=sorted(self.eos) or None,
