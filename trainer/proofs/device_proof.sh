@@ -72,6 +72,9 @@ install_wheels() {
     python3 -c "import gguf, datasets" || { echo "the carried wheels do not import: see the header"; exit 4; }
 }
 
+# The files of the proof's data folder, one per line (what launch carried in; what watch finds later)
+data_files() { (cd "$S/proof" 2>/dev/null && find data -type f ! -name "*.tmp" | sort); }
+
 # Follow the detached proof's log for up to $1 seconds (or until it exits); copy its reports to $OUT.
 watch_proof() {
     local until=$((SECONDS + $1))
@@ -90,9 +93,15 @@ watch_proof() {
     # part and the synthesized prompts' answers), in pieces of 15 MiB ($OUT takes at most 8 files of at most
     # 16 MiB each), once the proof has logged its data (all of it made). Join them there with
     # `cat data.tar.part-* > data.tar` into the folder `stash` carries.
+    # Data carried in whole (launch listed its files) stays here: it is already on the other side, and its pieces
+    # would take the $OUT places the export needs.
     if [ ! -f "$S/data.tar.sent" ] && grep -q "\] data: " "$S/proof.log" 2>/dev/null; then
-        tar -C "$S/proof" -cf - data | split -b 15M - "$OUT/data.tar.part-" && touch "$S/data.tar.sent"
-        ls -la "$OUT"/data.tar.part-*
+        if [ -f "$S/data.carried" ] && [ "$(data_files)" = "$(cat "$S/data.carried")" ]; then
+            echo "the data was carried in and nothing was added to it: not sent back"; touch "$S/data.tar.sent"
+        else
+            tar -C "$S/proof" -cf - data | split -b 15M - "$OUT/data.tar.part-" && touch "$S/data.tar.sent"
+            ls -la "$OUT"/data.tar.part-*
+        fi
     fi
     # The baseline a proof keeps under its data root (proofs/baseline_cache.py) comes back once too, as
     # data-baseline.tar: put it beside data.tar in dev-a, and a later lease's proof with the same target,
@@ -167,6 +176,7 @@ launch)
     for t in "$S"/data*.tar*; do
         [ -f "$t" ] && mkdir -p "$S/proof" && tar -C "$S/proof" -xf "$t" && echo "regenerated data carried in: $t"
     done
+    [ -d "$S/proof/data" ] && data_files > "$S/data.carried"
     python3 -m dflash_trainer.prep.smollm2 --gguf "$gguf" --out "$S/smollm2" \
         2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6

@@ -52,3 +52,23 @@ def test_launch_refuses_a_third_proof_that_would_not_follow_the_second_before_an
     assert r.returncode == 2
     assert "PROOF_C runs after proof B ends: set PROOF_B and PROOF_B_AFTER=1" in r.stdout
     assert os.listdir(tmp_path / "stash") == []  # no GGUF joined, no proof started
+
+
+@pytest.mark.parametrize("added", [False, True])
+def test_watch_sends_back_only_data_that_was_not_all_carried_in(tmp_path, added):
+    stash = tmp_path / "stash"
+    data = stash / "proof" / "data"
+    data.mkdir(parents=True)
+    (stash / "proof.log").write_text("[  1.0 s] data: {}\n")
+    (data / "shard-00000.parquet").write_bytes(b"carried")
+    (stash / "data.carried").write_text("data/shard-00000.parquet\n")  # what launch listed after unpacking
+    if added:  # the proof regenerated rows the carried tars lacked
+        (data / "shard-00001.parquet").write_bytes(b"regenerated")
+    env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"))
+    r = subprocess.run(["bash", SCRIPT, "watch", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    parts = sorted((tmp_path / "out").glob("data.tar.part-*"))
+    assert bool(parts) == added
+    assert ("carried in and nothing was added to it: not sent back" in r.stdout) == (not added)
+    if added:
+        assert b"regenerated" in b"".join(p.read_bytes() for p in parts)
