@@ -7,9 +7,10 @@ this says where that time goes and what would shorten it.
     python -m benchmarks.regeneration --preset smollm2-135m --device cuda --out regeneration.json   # one GPU
     python -m benchmarks.regeneration                                                              # CPU (test)
 
-Each row answers one batch of prompts (lengths spread evenly over the preset's range) twice: the first call pays
-any compilation, the second is the figure. `identical` is the share of answers equal to the dynamic cache's at
-that batch size. A torch.profiler table of a short dynamic-cache call says where a decoding step's time goes.
+Each row (a KV cache and an attention, prep/generate.py's options) answers one batch of prompts (lengths spread
+evenly over the preset's range) twice: the first call pays any compilation, the second is the figure. `identical`
+is the share of answers equal to the first row's (the dynamic cache with transformers' sdpa) at that batch size.
+A torch.profiler table of a short dynamic-cache call says where a decoding step's time goes.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ import tempfile
 import time
 from types import SimpleNamespace
 
-from dflash_trainer.prep.generate import CACHES, Generator
+from dflash_trainer.prep.generate import ATTENTIONS, CACHES, Generator
 
 from .timing import device_sync
 
 PRESETS = {
     # SmolLM2-135M-Instruct's config (the proof's target); prompts as the proof's (chat template included)
     "smollm2-135m": dict(hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, vocab=49152,
-                         prompt_len=(40, 400), new_tokens=160, batches=(512, 2048), profile_tokens=16),
+                         prompt_len=(40, 400), new_tokens=160, batches=(2048,), profile_tokens=16),
     "tiny-cpu": dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=512,
                      prompt_len=(4, 24), new_tokens=6, batches=(4, 8), profile_tokens=3),
 }
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny-cpu", help="the target's shape (default: CPU)")
     p.add_argument("--device", default="cpu", help="cuda or cpu (default: cpu)")
     p.add_argument("--caches", default=",".join(CACHES), help=f"KV caches to time (default: {','.join(CACHES)})")
+    p.add_argument("--attentions", default=",".join(ATTENTIONS),
+                   help=f"attentions to time with each cache (default: {','.join(ATTENTIONS)})")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     return p
 
@@ -85,7 +88,7 @@ def profile_table(gen: Generator, prompts: list[list[int]], new_tokens: int, dev
         "\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=48)
 
 
-def run(preset: str, device_name: str, caches: list[str]) -> dict:
+def run(preset: str, device_name: str, caches: list[str], attentions: list[str]) -> dict:
     import torch
     shape, device = PRESETS[preset], torch.device(device_name)
     tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=shape["vocab"] - 1)
@@ -96,18 +99,21 @@ def run(preset: str, device_name: str, caches: list[str]) -> dict:
             prompts = prompts_of(shape, batch)
             reference = None
             for cache in caches:
-                gen = Generator(target_dir, tokenizer, "transformers", device_name, 0.0, n_new, batch, 0, cache=cache)
-                first_s, _ = time_generate(gen, prompts, n_new, device)
-                second_s, out = time_generate(gen, prompts, n_new, device)
-                reference = out if cache == "dynamic" else reference
-                same = None if reference is None else sum(a == b for a, b in zip(out, reference)) / len(out)
-                rows.append(dict(cache=cache, batch=batch, first_s=first_s, s=second_s, step_ms=1e3 * second_s / n_new,
-                                 answers_per_s=batch / second_s, tokens=sum(map(len, out)), identical=same))
-                print(f"  {cache:>16} batch {batch:5d}: first {first_s:7.2f} s, then {second_s:7.2f} s "
-                      f"({rows[-1]['step_ms']:.1f} ms/step)", flush=True)
-                del gen
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                for attention in attentions:
+                    gen = Generator(target_dir, tokenizer, "transformers", device_name, 0.0, n_new, batch, 0,
+                                    cache=cache, attention=attention)
+                    first_s, _ = time_generate(gen, prompts, n_new, device)
+                    second_s, out = time_generate(gen, prompts, n_new, device)
+                    reference = out if reference is None else reference
+                    rows.append(dict(cache=cache, attention=attention, batch=batch, first_s=first_s, s=second_s,
+                                     step_ms=1e3 * second_s / n_new, answers_per_s=batch / second_s,
+                                     tokens=sum(map(len, out)),
+                                     identical=sum(a == b for a, b in zip(out, reference)) / len(out)))
+                    print(f"  {cache:>16} {attention:>10} batch {batch:5d}: first {first_s:7.2f} s, then "
+                          f"{second_s:7.2f} s ({rows[-1]['step_ms']:.1f} ms/step)", flush=True)
+                    del gen
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
         gen = Generator(target_dir, tokenizer, "transformers", device_name, 0.0, n_new, shape["batches"][-1], 0)
         table = profile_table(gen, prompts_of(shape, shape["batches"][-1]), shape["profile_tokens"], device)
     return dict(preset=preset, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -117,24 +123,26 @@ def run(preset: str, device_name: str, caches: list[str]) -> dict:
 def print_report(result: dict) -> None:
     print(f"\nregeneration, {result['preset']} on {result['device']} (torch {result['torch']}): one batch, greedy, "
           "every answer to the cap")
-    print(f"{'cache':>16} {'batch':>6} {'s':>8} {'ms/step':>8} {'answers/s':>10} {'vs dynamic':>11} {'identical':>10}")
-    dynamic = {r["batch"]: r["answers_per_s"] for r in result["rows"] if r["cache"] == "dynamic"}
+    print(f"{'cache':>16} {'attention':>10} {'batch':>6} {'s':>8} {'ms/step':>8} {'answers/s':>10} "
+          f"{'vs first':>9} {'identical':>10}")
+    first = {}
     for r in result["rows"]:
-        ratio = f"{r['answers_per_s'] / dynamic[r['batch']]:.2f}x" if r["batch"] in dynamic else "-"
-        same = "-" if r["identical"] is None else f"{r['identical']:.3f}"
-        print(f"{r['cache']:>16} {r['batch']:6d} {r['s']:8.2f} {r['step_ms']:8.1f} {r['answers_per_s']:10.1f} "
-              f"{ratio:>11} {same:>10}")
+        first.setdefault(r["batch"], r["answers_per_s"])
+        print(f"{r['cache']:>16} {r['attention']:>10} {r['batch']:6d} {r['s']:8.2f} {r['step_ms']:8.1f} "
+              f"{r['answers_per_s']:10.1f} {r['answers_per_s'] / first[r['batch']]:8.2f}x {r['identical']:10.3f}")
     print("\nwhere a dynamic-cache call's time goes (torch.profiler, the largest batch):\n" + result["profile"])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    caches = [c for c in args.caches.split(",") if c]
-    unknown = sorted(set(caches) - set(CACHES))
-    if unknown or not caches:
-        parser.error(f"unknown --caches {','.join(unknown) or '(none)'}; choose from {','.join(CACHES)}")
-    result = run(args.preset, args.device, caches)
+    chosen = {}
+    for flag, known in (("caches", CACHES), ("attentions", ATTENTIONS)):
+        chosen[flag] = [c for c in getattr(args, flag).split(",") if c]
+        unknown = sorted(set(chosen[flag]) - set(known))
+        if unknown or not chosen[flag]:
+            parser.error(f"unknown --{flag} {','.join(unknown) or '(none)'}; choose from {','.join(known)}")
+    result = run(args.preset, args.device, chosen["caches"], chosen["attentions"])
     print_report(result)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

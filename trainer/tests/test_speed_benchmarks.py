@@ -237,21 +237,61 @@ def test_regeneration_times_each_kv_cache_with_the_same_greedy_answers(tmp_path,
     assert bench.main(["--out", str(tmp_path / "regen.json")]) == 0
     result = json.load(open(tmp_path / "regen.json"))
     shape = bench.PRESETS["tiny-cpu"]
-    assert [(r["cache"], r["batch"]) for r in result["rows"]] == [
-        (c, b) for b in shape["batches"] for c in ("dynamic", "static", "static-compiled")]
-    # every answer runs to the cap (EOS is the last id, away from the prompts), and the static cache's greedy
-    # answers are the dynamic cache's
+    assert [(r["cache"], r["attention"], r["batch"]) for r in result["rows"]] == [
+        (c, a, b) for b in shape["batches"] for c in ("dynamic", "static", "static-compiled")
+        for a in ("sdpa", "packed-gqa")]
+    # every answer runs to the cap (EOS is the last id, away from the prompts), and every cache's and attention's
+    # greedy answers are the first row's
     assert all(r["tokens"] == r["batch"] * shape["new_tokens"] and r["s"] > 0 for r in result["rows"])
     assert all(r["identical"] == 1.0 for r in result["rows"])
     out = capsys.readouterr().out
-    assert "vs dynamic" in out and "aten::" in out  # the table and the profiler's
+    assert "vs first" in out and "aten::" in out  # the table and the profiler's
     with pytest.raises(SystemExit) as stopped:
         bench.main(["--caches", "paged"])
     assert stopped.value.code == 2 and "unknown --caches paged" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["--attentions", "eager"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "unknown --attentions eager; choose from sdpa,packed-gqa" in err
 
 
-def test_an_unknown_kv_cache_is_refused_before_the_target_loads(tmp_path):
+@pytest.mark.parametrize("option, error", [
+    (dict(cache="paged"), "unknown KV cache 'paged'; choose one of dynamic, static, static-compiled"),
+    (dict(attention="eager"), "unknown attention 'eager'; choose one of sdpa, packed-gqa")])
+def test_an_unknown_kv_cache_or_attention_is_refused_before_the_target_loads(tmp_path, option, error):
     from dflash_trainer.prep.generate import Generator
-    with pytest.raises(ValueError, match="unknown KV cache 'paged'; choose one of dynamic, static, static-compiled"):
+    with pytest.raises(ValueError, match=error):
         Generator(str(tmp_path / "absent"), SimpleNamespace(pad_token_id=0, eos_token_id=1), "transformers", "cpu",
-                  0.0, 4, 2, 0, cache="paged")
+                  0.0, 4, 2, 0, **option)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_packed_gqa_attends_to_the_cache_as_repeated_kv_heads_do(padded):
+    """One new token per row over a KV cache (3 KV heads, 9 query heads), with and without a padding mask: the
+    packed attention gives what SDPA gives over the KV heads repeated per query head."""
+    from dflash_trainer.prep.packed_gqa import packed_gqa_attention
+    g = torch.Generator().manual_seed(0)
+    batch, heads, kv_heads, length, dim = 4, 9, 3, 11, 8
+    query = torch.randn(batch, heads, 1, dim, generator=g)
+    key, value = (torch.randn(batch, kv_heads, length, dim, generator=g) for _ in range(2))
+    mask = None
+    if padded:  # left padding: row r's first r positions are padding
+        mask = (torch.arange(length)[None, :] >= torch.arange(batch)[:, None])[:, None, None, :]
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    out, weights = packed_gqa_attention(module, query, key, value, mask, scaling=0.3)
+    repeated = [t.repeat_interleave(heads // kv_heads, dim=1) for t in (key, value)]
+    expected = torch.nn.functional.scaled_dot_product_attention(query, *repeated, attn_mask=mask, scale=0.3)
+    assert weights is None and out.shape == (batch, 1, heads, dim)
+    torch.testing.assert_close(out, expected.transpose(1, 2))
+
+
+def test_the_packed_attention_is_the_one_the_generators_target_runs(tmp_path):
+    from dflash_trainer.prep import packed_gqa
+    from dflash_trainer.prep.generate import Generator
+    bench = load_benchmark("benchmarks.regeneration")
+    bench.write_target(str(tmp_path), bench.PRESETS["tiny-cpu"], "cpu")
+    tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=511)
+    gen = Generator(str(tmp_path), tokenizer, "transformers", "cpu", 0.0, 3, 2, 0, attention="packed-gqa")
+    assert gen.model.config._attn_implementation == packed_gqa.NAME
+    assert Generator(str(tmp_path), tokenizer, "transformers", "cpu", 0.0, 3, 2, 0).model.config._attn_implementation \
+        == "sdpa"

@@ -3,7 +3,9 @@ allows), else transformers generate (batched, left padding).
 
 `cache` picks transformers' KV cache: "dynamic" (grows by concatenation every step), "static" (allocated once for
 the batch, eager) or "static-compiled" (the same, with transformers' own compilation of the decoding step on
-CUDA). benchmarks/regeneration.py times the three on the GPU before any of them becomes a default."""
+CUDA). `attention` picks the attention: transformers' "sdpa", or "packed-gqa" (prep/packed_gqa.py: one new token
+attends to the KV cache without copying it per query head). benchmarks/regeneration.py times them on the GPU before
+any becomes a default."""
 
 from __future__ import annotations
 
@@ -24,16 +26,19 @@ def eos_ids_of(model_dir: str, tokenizer) -> set[int]:
 
 
 CACHES = ("dynamic", "static", "static-compiled")
+ATTENTIONS = ("sdpa", "packed-gqa")
 
 
 class Generator:
     """Batched sampling from the target: vLLM when importable (and --engine allows), else transformers."""
 
     def __init__(self, model_dir: str, tokenizer, engine: str, device: str, temperature: float,
-                 max_new_tokens: int, batch_size: int, seed: int, cache: str = "dynamic"):
+                 max_new_tokens: int, batch_size: int, seed: int, cache: str = "dynamic", attention: str = "sdpa"):
         import torch
         if cache not in CACHES:
             raise ValueError(f"unknown KV cache {cache!r}; choose one of {', '.join(CACHES)}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
         self.cache = cache
         self.tokenizer, self.temperature, self.max_new_tokens = tokenizer, temperature, max_new_tokens
         self.batch_size, self.seed = batch_size, seed
@@ -53,10 +58,13 @@ class Generator:
             from transformers import AutoModelForCausalLM
 
             from dflash_trainer.eval.decode_attention import use_plan_free_attention
+            from dflash_trainer.prep import packed_gqa
             self.device = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
             use_plan_free_attention(self.device)  # generate's padded batches change shape every step
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
+            implementation = {} if attention == "sdpa" else {"attn_implementation": packed_gqa.register()}
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **implementation)
+            self.model = self.model.to(self.device).eval()
 
     def generate(self, prompts: list[list[int]], max_new: list[int], chunk_seed: int) -> list[list[int]]:
         """Generated ids per prompt, cut after the first EOS (EOS kept)."""
