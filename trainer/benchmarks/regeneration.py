@@ -19,12 +19,11 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from types import SimpleNamespace
 
 from dflash_trainer.prep.generate import ATTENTIONS, CACHES, Generator
 
-from .timing import device_sync
+from .timing import each_call_s
 
 PRESETS = {
     # SmolLM2-135M-Instruct's config (the proof's target); prompts as the proof's (chat template included)
@@ -69,12 +68,9 @@ def prompts_of(shape: dict, n: int) -> list[list[int]]:
 
 
 def time_generate(gen: Generator, prompts: list[list[int]], new_tokens: int, device) -> tuple[float, list]:
-    sync = device_sync(device)
-    sync()
-    t0 = time.perf_counter()
-    out = gen.generate(prompts, [new_tokens] * len(prompts), chunk_seed=0)
-    sync()
-    return time.perf_counter() - t0, out
+    """(seconds of one generate call between two synchronizations, its answers)"""
+    times, out = each_call_s(lambda _i: gen.generate(prompts, [new_tokens] * len(prompts), chunk_seed=0), 1, device)
+    return times[0], out
 
 
 def profile_table(gen: Generator, prompts: list[list[int]], new_tokens: int, device) -> str:

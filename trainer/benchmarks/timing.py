@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 # one implementation with the product (dflash-train --plan times its stages back to back the same way)
-from dflash_trainer.advisor.busy_timing import back_to_back_s, device_sync  # noqa: F401 (re-exported)
+from dflash_trainer.advisor.busy_timing import back_to_back_s, device_sync, each_call_s  # noqa: F401 (re-exported)
 
 
 def timed_calls(fn, warmup: int, steps: int, device):
@@ -22,11 +22,5 @@ def timed_calls(fn, warmup: int, steps: int, device):
     warm_s = time.perf_counter() - t_warm
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times, out = [], None
-    for i in range(warmup, warmup + steps):
-        sync()
-        t0 = time.perf_counter()
-        out = fn(i)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return sorted(times), out, warm_s
+    times, out = each_call_s(fn, steps, device, first=warmup)
+    return times, out, warm_s

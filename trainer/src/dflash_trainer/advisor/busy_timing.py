@@ -21,16 +21,23 @@ def device_sync(device):
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
-def alone_s(fn, calls: int, device) -> float:
-    """Median seconds of fn(0..calls-1), each call between two synchronizations: a call timed alone."""
-    sync, times = device_sync(device), []
-    for i in range(calls):
+def each_call_s(fn, calls: int, device, first: int = 0) -> tuple[list[float], object]:
+    """fn(first..first+calls-1), each call between two synchronizations: (its seconds per call, sorted; the last
+    call's result)."""
+    sync, times, out = device_sync(device), [], None
+    for i in range(first, first + calls):
         sync()
         t0 = time.perf_counter()
-        fn(i)
+        out = fn(i)
         sync()
         times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return sorted(times), out
+
+
+def alone_s(fn, calls: int, device) -> float:
+    """Median seconds of fn(0..calls-1), each call between two synchronizations: a call timed alone."""
+    times, _ = each_call_s(fn, calls, device)
+    return times[len(times) // 2]
 
 
 def back_to_back_s(fn, calls: int, device) -> float:
