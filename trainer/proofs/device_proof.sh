@@ -25,6 +25,9 @@
 #               (optional) cp <files_at of an earlier watch>/data-baseline.tar .artifacts/dev-a/  (the baseline:
 #               a proof with the same target, prompts and settings reuses it, PROOF.md "The baseline kept")
 # Call 1 (carry .artifacts/dev-a):  bash trainer/proofs/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
+#                                   (REGEN_BENCH=1 also times the regeneration's KV caches and attentions,
+#                                   benchmarks/regeneration.py, a few minutes: launch may then pass the fastest
+#                                   as --regen-kv-cache / --regen-decode-attention)
 # Call 2 (carry .artifacts/dev-b):  bash trainer/proofs/device_proof.sh launch PROOF_FLAGS...
 #                                   (starts proofs.proof_smollm2 detached, then follows it for $WATCH_S s;
 #                                   the proof trains with dflash-train: PROOF_FLAGS holds dflash-train's own
@@ -140,6 +143,10 @@ stash)
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'gguf ok', torch.cuda.is_available())"
     python3 -c "import transformers, inspect
 print('GgufConfig', hasattr(transformers, 'GgufConfig') and inspect.signature(transformers.GgufConfig))"
+    if [ "${REGEN_BENCH:-0}" = 1 ]; then
+        python3 -m benchmarks.regeneration --preset smollm2-135m --device cuda --out "$OUT/regeneration.json" 2>&1 \
+            | grep --line-buffered -v -E "Loading weights|Writing model" | tee "$OUT/regeneration.log" | tail -n 45
+    fi
     # GPU smoke test of the whole proof path on the tiny target (regenerate, flex-attention training, eval)
     [ "${2:-smoke}" = smoke ] && python3 -m proofs.proof_smollm2 --tiny --out "$S/tiny" --device cuda \
         --report-dir "$OUT" \

@@ -51,6 +51,7 @@ import torch
 
 from dflash_trainer import cli
 from dflash_trainer.config import find_mask_token_id
+from dflash_trainer.prep.generate import add_decoding_flags, decoding_of
 from dflash_trainer.prep.heldout import OTHER_STYLES, load_prompts
 from dflash_trainer.prep.prepare_data import add_regeneration_flags, check_regeneration, prepare
 from dflash_trainer.prep.synthesize import read_system_prompts, synthesize_prompts
@@ -115,7 +116,8 @@ def regen_kwargs(args, cfg, shared: bool) -> dict:
                 temperature=args.temperature, max_new_tokens=args.regen_max_new_tokens,
                 batch_size=args.regen_batch_size, engine="transformers", seed=cfg.seed,
                 time_budget_s=-1.0 if shared else args.regen_budget_s, progress=False,  # shared: read only
-                held_out=(args.other_styles,))  # refused from the training data (the trainer's own set always is)
+                held_out=(args.other_styles,),  # refused from the training data (the trainer's own set always is)
+                decoding=decoding_of(args, prefix="regen-"))
 
 
 def link_shards(shards: dict[str, str], joined: str) -> None:
@@ -173,7 +175,7 @@ def add_synthesized(args, cfg, out: str, data_dir: str, stats: dict, eval_prompt
     synth = synthesize_prompts(cfg.target_model, prompts, args.synthesize_prompts, batch_size=args.regen_batch_size,
                                device=device, seed=cfg.seed, held_out=(args.other_styles, eval_prompts),
                                time_budget_s=args.regen_budget_s, system_prompts=args.synthesize_system_prompts,
-                               reuse_only=shared, log=log)
+                               reuse_only=shared, log=log, decoding=decoding_of(args, prefix="regen-"))
     log(f"synthesized prompts: {json.dumps(synth)}")
     synth_dir = os.path.join(out, "data", "synth")
     answered = prepare(cfg.target_model, [prompts], synth_dir, device=device, **regen_kwargs(args, cfg, shared))
@@ -296,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     # dflash-prepare-data's regeneration flags (its declaration), as --regen-*; the proof's own defaults, in the
     # open: the values it had before the declaration was shared (a GPU's batch and shard; its runs pass their own)
     add_regeneration_flags(g, prefix="regen-")
+    add_decoding_flags(g, prefix="regen-")  # (the generator's: its defaults, as dflash-prepare-data's)
     p.set_defaults(regen_max_new_tokens=384, regen_batch_size=512, regen_rows_per_shard=512)
     # dflash-train's own flags (its declaration, its defaults); --seed also seeds the split and the regeneration,
     # --max-seq-len also caps the regenerated rows, --block-size is also the evaluation's block

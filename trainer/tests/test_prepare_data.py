@@ -206,3 +206,33 @@ def test_the_regeneration_levers_are_declared_once_and_the_cap_reaches_the_data(
     assert rows and all(sum(mask) <= 3 for _, mask in rows)
     stats = json.load(open(out / "stats.json"))
     assert stats["num_truncated_generations"] == sum(sum(mask) == 3 for _, mask in rows) > 0
+
+
+def test_the_decoding_options_are_declared_once_and_change_no_answer_or_fingerprint(chat_target, tmp_path, capsys):
+    from dflash_trainer.prep import generate, prepare_data, synthesize
+    from trainer_testlib import load_benchmark
+    proof = load_benchmark("proofs.proof_smollm2")
+    d = generate.decoding_defaults()
+    assert d == {"cache": "dynamic", "attention": "sdpa"}
+    for prefix, parser in (("", prepare_data.build_parser()), ("", synthesize.build_parser()),
+                           ("regen-", proof.build_parser())):
+        actions = {a.dest: a for a in parser._actions}
+        for name, flag, choices, _ in generate.DECODING_FLAGS:
+            action = actions[f"{prefix}{flag}".replace("-", "_")]
+            assert tuple(action.choices) == choices and action.default == d[name]
+    # greedy rows through the static cache and the packed attention are the default's, and a preparation made one
+    # way resumes the other (the options are not in its fingerprint)
+    src = write_jsonl(tmp_path / "in.jsonl", synthetic_chats(6, seed=4))
+    argv = ["--target-model", chat_target, "--input", src, "--regenerate", "--max-new-tokens", "6", "--temperature",
+            "0", "--device", "cpu", "--engine", "transformers", "--no-progress", "--rows-per-shard", "3"]
+    assert main(argv + ["--out-dir", str(tmp_path / "default")]) == 0
+    assert "KV cache dynamic, attention sdpa" in capsys.readouterr().out
+    assert main(argv + ["--out-dir", str(tmp_path / "other"), "--kv-cache", "static",
+                        "--decode-attention", "packed-gqa", "--num-rows", "3"]) == 0
+    assert "KV cache static, attention packed-gqa" in capsys.readouterr().out
+    assert main(argv + ["--out-dir", str(tmp_path / "other")]) == 0  # resumes at row 3
+    assert "resuming at row 3" in capsys.readouterr().out
+    assert read_rows(tmp_path / "other") == read_rows(tmp_path / "default")
+    with pytest.raises(SystemExit):  # argparse refuses a choice it does not know, before anything is written
+        main(argv + ["--out-dir", str(tmp_path / "bad"), "--kv-cache", "paged"])
+    assert "invalid choice: 'paged'" in capsys.readouterr().err and not os.path.exists(tmp_path / "bad")

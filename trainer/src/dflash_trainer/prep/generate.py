@@ -9,6 +9,7 @@ any becomes a default."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 
@@ -27,6 +28,14 @@ def eos_ids_of(model_dir: str, tokenizer) -> set[int]:
 
 CACHES = ("dynamic", "static", "static-compiled")
 ATTENTIONS = ("sdpa", "packed-gqa")
+# The decoding options as flags, declared once (Generator's parameter, the flag's name, its choices, help): every
+# command that regenerates or synthesizes takes them (the proof with --regen- in front). They change how fast the
+# answers come, not which rows a preparation holds, so they are not part of its resume fingerprint.
+DECODING_FLAGS = (
+    ("cache", "kv-cache", CACHES, "transformers' KV cache while generating"),
+    ("attention", "decode-attention", ATTENTIONS, "attention of each new token over the cache (packed-gqa: without "
+                                                  "copying the cache per query head)"),
+)
 
 
 class Generator:
@@ -39,7 +48,7 @@ class Generator:
             raise ValueError(f"unknown KV cache {cache!r}; choose one of {', '.join(CACHES)}")
         if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
-        self.cache = cache
+        self.cache, self.attention = cache, attention
         self.tokenizer, self.temperature, self.max_new_tokens = tokenizer, temperature, max_new_tokens
         self.batch_size, self.seed = batch_size, seed
         self.eos = eos_ids_of(model_dir, tokenizer)
@@ -106,3 +115,21 @@ class Generator:
             if tok in self.eos:
                 return gen[:j + 1]
         return gen
+
+
+def decoding_defaults() -> dict:
+    """Generator's decoding defaults: each declared once, in its signature."""
+    params = inspect.signature(Generator.__init__).parameters
+    return {name: params[name].default for name, _, _, _ in DECODING_FLAGS}
+
+
+def add_decoding_flags(p, prefix: str = "") -> None:
+    """DECODING_FLAGS on parser `p` (argparse), with Generator's defaults; `prefix` goes before each flag's name."""
+    d = decoding_defaults()
+    for name, flag, choices, text in DECODING_FLAGS:
+        p.add_argument(f"--{prefix}{flag}", choices=choices, default=d[name], help=f"{text} (default %(default)s)")
+
+
+def decoding_of(args, prefix: str = "") -> dict:
+    """Generator's decoding keywords from args parsed by add_decoding_flags with this prefix."""
+    return {name: getattr(args, f"{prefix}{flag}".replace("-", "_")) for name, flag, _, _ in DECODING_FLAGS}

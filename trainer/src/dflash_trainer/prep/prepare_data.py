@@ -47,7 +47,7 @@ from dflash_trainer.telemetry.heartbeat import write_json_atomic
 
 from .chat_tokens import example_prompt, example_tokens
 from .formats import FORMATS, BadRow, detect_format, to_example
-from .generate import Generator
+from .generate import Generator, add_decoding_flags, decoding_of
 from .heldout import OTHER_STYLES, HeldOut
 from .sources import DEFAULT_SPLIT, file_sha256, fingerprint_of, load_rows
 
@@ -193,9 +193,10 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
             max_new_tokens: int = 512, batch_size: int = 64, engine: str = "auto", device: str = "auto",
             seed: int = 0, num_rows: int | None = None, time_budget_s: float | None = None,
             progress: bool = True, fmt: str = "auto", split: str = DEFAULT_SPLIT, shuffle: bool = False,
-            held_out: tuple[str, ...] = ()) -> dict:
+            held_out: tuple[str, ...] = (), decoding: dict | None = None) -> dict:
     """Runs (or resumes) a preparation; returns the stats dict also written to stats.json. `held_out`: prompt
-    files whose prompts no row may overlap, beside the other-styles set (always held out)."""
+    files whose prompts no row may overlap, beside the other-styles set (always held out). `decoding`: the
+    Generator's decoding options (generate.DECODING_FLAGS; its defaults where absent)."""
     held_out = tuple(p for p in held_out if os.path.abspath(p) != OTHER_STYLES)  # held out anyway, not recorded
     guard = HeldOut.from_files([OTHER_STYLES, *held_out])  # a bad --held-out file fails before anything is written
     # datasets' arrow copy of the input lives in the out dir for this run only (not in the user's cache)
@@ -206,7 +207,7 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
         return _run(source, target_model, inputs, out_dir, fmt, split, shuffle, guard, held_out,
                     max_seq_len=max_seq_len, rows_per_shard=rows_per_shard, regenerate=regenerate, temperature=temperature,
                     max_new_tokens=max_new_tokens, batch_size=batch_size, engine=engine, device=device, seed=seed,
-                    time_budget_s=time_budget_s, progress=progress)
+                    time_budget_s=time_budget_s, progress=progress, decoding=decoding or {})
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -214,7 +215,8 @@ def prepare(target_model: str, inputs: list[str], out_dir: str, *, max_seq_len: 
 def _run(source, target_model: str, inputs: list[str], out_dir: str, fmt: str, split: str, shuffle: bool,
          guard: HeldOut, held_out: tuple[str, ...], *,
          max_seq_len: int, rows_per_shard: int, regenerate: bool, temperature: float, max_new_tokens: int,
-         batch_size: int, engine: str, device: str, seed: int, time_budget_s: float | None, progress: bool) -> dict:
+         batch_size: int, engine: str, device: str, seed: int, time_budget_s: float | None, progress: bool,
+         decoding: dict) -> dict:
     fmt = detect_format(source.columns) if fmt == "auto" else fmt
     tokenizer = _tokenizer(target_model, fmt)
     settings = _settings(target_model, inputs, fmt, split, shuffle, held_out, max_seq_len=max_seq_len,
@@ -224,9 +226,10 @@ def _run(source, target_model: str, inputs: list[str], out_dir: str, fmt: str, s
     state["format"] = fmt
     total, bad, gen = len(source), Counter(state["bad"]), None
     if regenerate and state["next_row"] < total:
-        gen = Generator(target_model, tokenizer, engine, device, temperature, max_new_tokens, batch_size, seed)
+        gen = Generator(target_model, tokenizer, engine, device, temperature, max_new_tokens, batch_size, seed,
+                        **decoding)
         print(f"{PROG}: regenerating with {gen.engine}, temperature {temperature}, <= {max_new_tokens} new tokens, "
-              f"batch {batch_size}", flush=True)
+              f"batch {batch_size}, KV cache {gen.cache}, attention {gen.attention}", flush=True)
     print(f"{PROG}: {total} rows, format {fmt}" + (f", resuming at row {state['next_row']}" if state["next_row"]
                                                    else ""), flush=True)
     bar = _Progress(total, state["next_row"]) if progress else None
@@ -315,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longer rows are refused (reason too_long)")
     p.add_argument("--regenerate", action="store_true", help="answer each prompt with the target itself")
     add_regeneration_flags(p)
+    add_decoding_flags(p)
     p.add_argument("--engine", default=d["engine"], choices=["auto", "vllm", "transformers"])
     p.add_argument("--device", default=d["device"], choices=["auto", "cpu", "cuda"])
     p.add_argument("--seed", type=int, default=d["seed"], help="sampling seed, and the shuffle's")
@@ -338,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, engine=args.engine, device=args.device, seed=args.seed,
                         num_rows=args.num_rows, progress=not args.no_progress, fmt=args.format, split=args.split,
-                        shuffle=args.shuffle, held_out=tuple(args.held_out))
+                        shuffle=args.shuffle, held_out=tuple(args.held_out), decoding=decoding_of(args))
     except (ValueError, OSError) as e:
         print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

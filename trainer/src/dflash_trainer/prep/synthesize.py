@@ -36,7 +36,7 @@ from collections import Counter
 from dflash_trainer.telemetry.heartbeat import write_json_atomic, write_text_atomic
 
 from .chat_tokens import render
-from .generate import Generator
+from .generate import Generator, add_decoding_flags, decoding_of
 from .heldout import OTHER_STYLES, HeldOut, words
 from .sources import file_sha256
 
@@ -127,10 +127,12 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
                        max_new_tokens: int = 128, min_words: int = 3, max_attempts: int | None = None,
                        batch_size: int = 64, engine: str = "auto", device: str = "auto", seed: int = 0,
                        held_out: tuple[str, ...] = (), time_budget_s: float | None = None,
-                       system_prompts: str | None = None, reuse_only: bool = False, log=print) -> dict:
+                       system_prompts: str | None = None, reuse_only: bool = False, log=print,
+                       decoding: dict | None = None) -> dict:
     """Samples prompts from the target into `out_path` (JSONL chat rows); returns the stats, also written with
     the settings to `<out_path>.stats.json`. max_attempts: at most this many samples (default 4 x num_prompts);
-    reuse_only: an earlier synthesis of these settings must be there (another run's data, never rewritten)."""
+    reuse_only: an earlier synthesis of these settings must be there (another run's data, never rewritten);
+    decoding: the Generator's decoding options (generate.DECODING_FLAGS; its defaults where absent)."""
     if num_prompts < 1:
         raise ValueError("--num-prompts must be at least 1")
     if temperature <= 0:
@@ -156,10 +158,12 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"the tokenizer in {target_model} has no chat template; synthesis needs one")
     prefixes = [pre_query_ids(tokenizer)] + [pre_query_ids(tokenizer, system) for system in systems]
-    gen = Generator(target_model, tokenizer, engine, device, temperature, max_new_tokens, batch_size, seed)
+    gen = Generator(target_model, tokenizer, engine, device, temperature, max_new_tokens, batch_size, seed,
+                    **(decoding or {}))
     keep = PromptFilter(tokenizer, gen.eos, min_words, guard)
     log(f"{PROG}: sampling with {gen.engine}, temperature {temperature}, <= {max_new_tokens} tokens, batch "
-        f"{batch_size}, until {num_prompts} prompts (at most {max_attempts} samples)")
+        f"{batch_size}, KV cache {gen.cache}, attention {gen.attention}, until {num_prompts} prompts (at most "
+        f"{max_attempts} samples)")
     kept, refused, attempts, surplus, t0 = [], Counter(), 0, 0, time.time()
     kept_by_prefix = [0] * len(prefixes)
     while len(kept) < num_prompts and attempts < max_attempts:
@@ -213,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int, default=None,
                    help="at most this many samples (default 4 x --num-prompts)")
     p.add_argument("--batch-size", type=int, default=d["batch_size"], help="samples per generate call")
+    add_decoding_flags(p)
     p.add_argument("--engine", default=d["engine"], choices=["auto", "vllm", "transformers"])
     p.add_argument("--device", default=d["device"], choices=["auto", "cpu", "cuda"])
     p.add_argument("--seed", type=int, default=d["seed"])
@@ -233,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                                    max_new_tokens=args.max_new_tokens, min_words=args.min_words,
                                    max_attempts=args.max_attempts, batch_size=args.batch_size, engine=args.engine,
                                    device=args.device, seed=args.seed, held_out=tuple(args.held_out),
-                                   time_budget_s=args.time_budget_s, system_prompts=args.system_prompts)
+                                   time_budget_s=args.time_budget_s, system_prompts=args.system_prompts,
+                                   decoding=decoding_of(args))
     except (ValueError, OSError) as e:
         print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
