@@ -10,6 +10,8 @@ this says where that time goes and what would shorten it.
 Each row (a KV cache and an attention, prep/generate.py's options) answers one batch of prompts (lengths spread
 evenly over the preset's range) twice: the first call pays any compilation, the second is the figure. `identical`
 is the share of answers equal to the first row's (the dynamic cache with transformers' sdpa) at that batch size.
+A regeneration's batches differ in prompt width, and a static cache's shape with them: `static-compiled` compiles
+again for each new shape, so its first-call time, not its second, is what each of those batches would pay.
 A torch.profiler table of a short dynamic-cache call says where a decoding step's time goes.
 """
 
