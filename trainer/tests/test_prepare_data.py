@@ -226,13 +226,26 @@ def test_the_decoding_options_are_declared_once_and_change_no_answer_or_fingerpr
     argv = ["--target-model", chat_target, "--input", src, "--regenerate", "--max-new-tokens", "6", "--temperature",
             "0", "--device", "cpu", "--engine", "transformers", "--no-progress", "--rows-per-shard", "3"]
     assert main(argv + ["--out-dir", str(tmp_path / "default")]) == 0
-    assert "KV cache dynamic, attention sdpa" in capsys.readouterr().out
+    assert "with transformers, KV cache dynamic, attention sdpa," in capsys.readouterr().out
     assert main(argv + ["--out-dir", str(tmp_path / "other"), "--kv-cache", "static",
                         "--decode-attention", "packed-gqa", "--num-rows", "3"]) == 0
-    assert "KV cache static, attention packed-gqa" in capsys.readouterr().out
+    assert "with transformers, KV cache static, attention packed-gqa," in capsys.readouterr().out
     assert main(argv + ["--out-dir", str(tmp_path / "other")]) == 0  # resumes at row 3
     assert "resuming at row 3" in capsys.readouterr().out
     assert read_rows(tmp_path / "other") == read_rows(tmp_path / "default")
     with pytest.raises(SystemExit):  # argparse refuses a choice it does not know, before anything is written
         main(argv + ["--out-dir", str(tmp_path / "bad"), "--kv-cache", "paged"])
     assert "invalid choice: 'paged'" in capsys.readouterr().err and not os.path.exists(tmp_path / "bad")
+
+
+def test_decoding_options_with_vllm_importable_are_refused_before_it_loads(tmp_path, monkeypatch):
+    """vllm cannot run here: an empty module of that name stands in for an importable one (its LLM is never
+    reached), and the options that only transformers' decoding has are refused first."""
+    import sys
+    import types
+
+    from dflash_trainer.prep.generate import Generator
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    tok = types.SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    with pytest.raises(ValueError, match="choose transformers' decoding, and vllm is importable: add --engine"):
+        Generator(str(tmp_path), tok, "auto", "cpu", 0.0, 4, 2, 0, cache="static")

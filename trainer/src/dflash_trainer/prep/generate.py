@@ -57,6 +57,9 @@ class Generator:
         if engine in ("auto", "vllm"):
             try:
                 import vllm  # noqa: F401
+                if (cache, attention) != tuple(decoding_defaults().values()):
+                    raise ValueError("--kv-cache and --decode-attention choose transformers' decoding, and vllm is "
+                                     "importable: add --engine transformers, or leave them at their defaults")
                 self.vllm = vllm.LLM(model=model_dir, seed=seed)
             except ImportError:
                 if engine == "vllm":
@@ -74,6 +77,11 @@ class Generator:
             implementation = {} if attention == "sdpa" else {"attn_implementation": packed_gqa.register()}
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **implementation)
             self.model = self.model.to(self.device).eval()
+
+    def describe(self) -> str:
+        """The engine and, for transformers, its decoding options (for a log line)."""
+        return self.engine if self.vllm is not None else f"{self.engine}, KV cache {self.cache}, attention " \
+            f"{self.attention}"
 
     def generate(self, prompts: list[list[int]], max_new: list[int], chunk_seed: int) -> list[list[int]]:
         """Generated ids per prompt, cut after the first EOS (EOS kept)."""

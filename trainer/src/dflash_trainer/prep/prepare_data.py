@@ -228,8 +228,8 @@ def _run(source, target_model: str, inputs: list[str], out_dir: str, fmt: str, s
     if regenerate and state["next_row"] < total:
         gen = Generator(target_model, tokenizer, engine, device, temperature, max_new_tokens, batch_size, seed,
                         **decoding)
-        print(f"{PROG}: regenerating with {gen.engine}, temperature {temperature}, <= {max_new_tokens} new tokens, "
-              f"batch {batch_size}, KV cache {gen.cache}, attention {gen.attention}", flush=True)
+        print(f"{PROG}: regenerating with {gen.describe()}, temperature {temperature}, <= {max_new_tokens} new "
+              f"tokens, batch {batch_size}", flush=True)
     print(f"{PROG}: {total} rows, format {fmt}" + (f", resuming at row {state['next_row']}" if state["next_row"]
                                                    else ""), flush=True)
     bar = _Progress(total, state["next_row"]) if progress else None

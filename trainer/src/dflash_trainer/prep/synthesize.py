@@ -161,9 +161,8 @@ def synthesize_prompts(target_model: str, out_path: str, num_prompts: int, *, te
     gen = Generator(target_model, tokenizer, engine, device, temperature, max_new_tokens, batch_size, seed,
                     **(decoding or {}))
     keep = PromptFilter(tokenizer, gen.eos, min_words, guard)
-    log(f"{PROG}: sampling with {gen.engine}, temperature {temperature}, <= {max_new_tokens} tokens, batch "
-        f"{batch_size}, KV cache {gen.cache}, attention {gen.attention}, until {num_prompts} prompts (at most "
-        f"{max_attempts} samples)")
+    log(f"{PROG}: sampling with {gen.describe()}, temperature {temperature}, <= {max_new_tokens} tokens, batch "
+        f"{batch_size}, until {num_prompts} prompts (at most {max_attempts} samples)")
     kept, refused, attempts, surplus, t0 = [], Counter(), 0, 0, time.time()
     kept_by_prefix = [0] * len(prefixes)
     while len(kept) < num_prompts and attempts < max_attempts:
