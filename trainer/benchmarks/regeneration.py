@@ -1,10 +1,11 @@
-"""How fast dflash-prepare-data --regenerate answers prompts, per KV cache and batch size: the product's Generator
-(prep/generate.py, the one implementation) on a target of SmolLM2-135M-Instruct's shape with random weights (a
+"""How fast dflash-prepare-data --regenerate answers prompts, per KV cache, attention and batch size: the product's
+Generator (prep/generate.py, the one implementation) on a target of SmolLM2-135M-Instruct's shape with random weights (a
 config, no download), greedy, every answer run to the cap (as 48 % of the proof's answers are). Issue 34's leases
 spend ~700 s regenerating the proof's data (41,575 answers in 378 s on an H200 before the synthesized prompts);
 this says where that time goes and what would shorten it.
 
     python -m benchmarks.regeneration --preset smollm2-135m --device cuda --out regeneration.json   # one GPU
+    python -m benchmarks.regeneration --preset smollm2-135m-cpu                                    # that shape, CPU
     python -m benchmarks.regeneration                                                              # CPU (test)
 
 Each row (a KV cache and an attention, prep/generate.py's options) answers one batch of prompts (lengths spread
@@ -31,6 +32,9 @@ PRESETS = {
     # SmolLM2-135M-Instruct's config (the proof's target); prompts as the proof's (chat template included)
     "smollm2-135m": dict(hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, vocab=49152,
                          prompt_len=(40, 400), new_tokens=160, batches=(2048,), profile_tokens=16),
+    # the same shape on a CPU: a small batch, short answers (the mechanism's direction; times only from a GPU count)
+    "smollm2-135m-cpu": dict(hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, vocab=49152,
+                             prompt_len=(40, 400), new_tokens=32, batches=(32,), profile_tokens=4),
     "tiny-cpu": dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=512,
                      prompt_len=(4, 24), new_tokens=6, batches=(4, 8), profile_tokens=3),
 }
