@@ -117,7 +117,7 @@ def run(preset: str, device_name: str, caches: list[str], attentions: list[str])
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
         gen = Generator(target_dir, tokenizer, "transformers", device_name, 0.0, n_new, shape["batches"][-1], 0)
-        table = profile_table(gen, prompts_of(shape, shape["batches"][-1]), shape["profile_tokens"], device)
+        table = profile_table(gen, prompts, shape["profile_tokens"], device)  # the largest batch's prompts
     return dict(preset=preset, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 torch=torch.__version__, rows=rows, profile=table)
 

@@ -57,7 +57,7 @@ class Generator:
         if engine in ("auto", "vllm"):
             try:
                 import vllm  # noqa: F401
-                if (cache, attention) != tuple(decoding_defaults().values()):
+                if {"cache": cache, "attention": attention} != decoding_defaults():
                     raise ValueError("--kv-cache and --decode-attention choose transformers' decoding, and vllm is "
                                      "importable: add --engine transformers, or leave them at their defaults")
                 self.vllm = vllm.LLM(model=model_dir, seed=seed)
