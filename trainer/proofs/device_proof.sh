@@ -17,8 +17,10 @@
 #               (optional) (cd trainer && python -m proofs.extra_prompts --out ../.artifacts/dev-b/extra.jsonl)
 #               (the extra prompt sets; launch copies it to $S/extra.jsonl: pass --extra-prompts $S/extra.jsonl)
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
-#               (optional) cat <files_at of an earlier watch>/data.tar.part-* > .artifacts/dev-a/data.tar
-#               (skips regeneration; dev-a must then stay under the 64 MiB a call carries: its wheels may go)
+#               (optional) python3 trainer/proofs/data_sendback.py join <files_at of each earlier call>... \
+#                   --to .artifacts/dev-a   (the data-NN.tar that launch and every watch sent back as it was made:
+#               prepare-data resumes from them, or skips the regeneration where they hold all of it; 41,575 rows
+#               were 8.7 MB; dev-a must stay under the 64 MiB a call carries: its wheels may go)
 #               (where one call would exceed 64 MiB, split the data: e.g. run 17 carried the synthesized and extra
 #               prompts' data as dev-a/data-new.tar.gz, the proof's own as dev-b/data.tar and the prompts as
 #               dev-b/prompts.jsonl.gz; launch takes data*.tar* from both folders and either prompts file)
@@ -75,8 +77,8 @@ install_wheels() {
     python3 -c "import gguf, datasets" || { echo "the carried wheels do not import: see the header"; exit 4; }
 }
 
-# The files of the proof's data folder, one per line (what launch carried in; what watch finds later)
-data_files() { (cd "$S/proof" 2>/dev/null && find data -type f ! -name "*.tmp" | sort); }
+# What of the regenerated data has come back (run by path: standard library only)
+SENDBACK="$(dirname "$0")/data_sendback.py"
 
 # Follow the detached proof's log for up to $1 seconds (or until it exits); copy its reports to $OUT.
 watch_proof() {
@@ -92,22 +94,14 @@ watch_proof() {
         echo "--- proof ${x^^}:"; tail -n 40 "$OUT/proof-$x.log"
         cp "$S/report-$x/proof.json" "$OUT/proof-$x.json" 2>/dev/null
     done
-    # The regenerated data comes back once, for a later session: one tar (data/, with every device's
-    # part and the synthesized prompts' answers), in pieces of 15 MiB ($OUT takes at most 8 files of at most
-    # 16 MiB each), once the proof has logged its data (all of it made). Join them there with
-    # `cat data.tar.part-* > data.tar` into the folder `stash` carries.
-    # Data carried in whole (launch listed its files) stays here: it is already on the other side, and its pieces
-    # would take the $OUT places the export needs.
-    if [ ! -f "$S/data.tar.sent" ] && grep -q "\] data: " "$S/proof.log" 2>/dev/null; then
-        if [ -f "$S/data.carried" ] && [ "$(data_files)" = "$(cat "$S/data.carried")" ]; then
-            echo "the data was carried in and nothing was added to it: not sent back"; touch "$S/data.tar.sent"
-        else
-            tar -C "$S/proof" -cf - data | split -b 15M - "$OUT/data.tar.part-" && touch "$S/data.tar.sent"
-            ls -la "$OUT"/data.tar.part-*
-        fi
-    fi
+    # The regenerated data comes back as it is made, at every call (data_sendback.py: the settled files that were
+    # neither carried in nor sent before, as data-NN.tar.part-* of 15 MiB; $OUT takes 8 files, one is kept for
+    # data-baseline.tar), so that a lease lost in the middle of the regeneration still keeps what its calls made.
+    # Here: `python3 trainer/proofs/data_sendback.py join <files_at>... --to .artifacts/dev-a` (stash carries it in).
+    [ -d "$S/proof/data" ] && python3 "$SENDBACK" send --proof "$S/proof" --stash "$S" --out "$OUT" \
+        --places $((7 - $(ls "$OUT" | wc -l)))
     # The baseline a proof keeps under its data root (proofs/baseline_cache.py) comes back once too, as
-    # data-baseline.tar: put it beside data.tar in dev-a, and a later lease's proof with the same target,
+    # data-baseline.tar: put it beside the data-NN.tar in dev-a, and a later lease's proof with the same target,
     # prompts and settings reuses it instead of decoding it again (stash and launch carry every data*.tar).
     if [ ! -f "$S/baseline.sent" ] && [ -d "$S/proof/baseline-cache" ]; then
         tar -C "$S/proof" -cf "$OUT/data-baseline.tar" baseline-cache && touch "$S/baseline.sent"
@@ -136,7 +130,7 @@ case "${1:-}" in
 stash)
     cp .artifacts/dev-a/gguf-part-00 "$S/" || exit 3
     cp .artifacts/dev-a/data*.tar* "$S/" 2>/dev/null && echo "regenerated data stashed: $(ls "$S"/data*.tar*)"
-    # (dev-a may leave its wheels out to stay under the 64 MiB a call carries with data.tar: launch installs dev-b's)
+    # (dev-a may leave its wheels out to stay under the 64 MiB a call carries with the data: launch installs dev-b's)
     if ls .artifacts/dev-a/*.whl > /dev/null 2>&1; then install_wheels .artifacts/dev-a; fi
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
     python3 -c "import torch, transformers, gguf
@@ -183,7 +177,7 @@ launch)
     for t in "$S"/data*.tar*; do
         [ -f "$t" ] && mkdir -p "$S/proof" && tar -C "$S/proof" -xf "$t" && echo "regenerated data carried in: $t"
     done
-    [ -d "$S/proof/data" ] && data_files > "$S/data.carried"
+    python3 "$SENDBACK" mark --proof "$S/proof" --stash "$S"  # what came in is not sent back
     python3 -m dflash_trainer.prep.smollm2 --gguf "$gguf" --out "$S/smollm2" \
         2>&1 | grep --line-buffered -v -E "Converting|Loading weights|Writing model"
     [ -f "$S/smollm2/dflash_smollm2.json" ] || exit 6

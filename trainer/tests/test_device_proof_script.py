@@ -39,8 +39,8 @@ def test_watch_follows_a_proof_log_that_is_there_and_waits_only_for_its_own_proo
     assert ("PROOF FINISHED" in r.stdout) == finished
     assert ("STILL RUNNING" in r.stdout) == (not finished)
     assert (tmp_path / "out" / "proof.log").read_text().startswith("[  1.0 s] data:")
-    # the data came back once, as the pieces of a tar that hold it
-    parts = sorted((tmp_path / "out").glob("data.tar.part-*"))
+    # the data came back as the pieces of a numbered tar that hold it (data_sendback.py)
+    parts = sorted((tmp_path / "out").glob("data-01.tar.part-*"))
     assert parts and b"rows.parquet" in b"".join(p.read_bytes() for p in parts)
 
 
@@ -55,20 +55,25 @@ def test_launch_refuses_a_third_proof_that_would_not_follow_the_second_before_an
 
 
 @pytest.mark.parametrize("added", [False, True])
-def test_watch_sends_back_only_data_that_was_not_all_carried_in(tmp_path, added):
+def test_watch_sends_back_only_data_that_was_not_carried_in(tmp_path, added):
     stash = tmp_path / "stash"
     data = stash / "proof" / "data"
     data.mkdir(parents=True)
     (stash / "proof.log").write_text("[  1.0 s] data: {}\n")
     (data / "shard-00000.parquet").write_bytes(b"carried")
-    (stash / "data.carried").write_text("data/shard-00000.parquet\n")  # what launch listed after unpacking
+    (data / "progress.json").write_text('{"num_shards": 1}')
+    # what launch records after unpacking the carried tars
+    subprocess.run(["python3", os.path.join(os.path.dirname(SCRIPT), "data_sendback.py"), "mark", "--proof",
+                    str(stash / "proof"), "--stash", str(stash)], check=True)
     if added:  # the proof regenerated rows the carried tars lacked
         (data / "shard-00001.parquet").write_bytes(b"regenerated")
+        (data / "progress.json").write_text('{"num_shards": 2}')
     env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"))
     r = subprocess.run(["bash", SCRIPT, "watch", "1"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    parts = sorted((tmp_path / "out").glob("data.tar.part-*"))
+    parts = sorted((tmp_path / "out").glob("data-*.tar.part-*"))
     assert bool(parts) == added
-    assert ("carried in and nothing was added to it: not sent back" in r.stdout) == (not added)
+    assert ("no new settled data to send" in r.stdout) == (not added)
     if added:
-        assert b"regenerated" in b"".join(p.read_bytes() for p in parts)
+        sent = b"".join(p.read_bytes() for p in parts)
+        assert b"regenerated" in sent and b"carried" not in sent
