@@ -32,6 +32,16 @@ def preparation(folder, num_shards, counted, extra=()):
         (folder / name).write_bytes(b"x")
 
 
+def two_big_shards(tmp_path):
+    """A proof whose one preparation counts two 12 KiB shards of noise; returns (proof, stash)."""
+    proof, stash = tmp_path / "proof", tmp_path / "stash"
+    stash.mkdir()
+    preparation(proof / "data", 2, 2)
+    for shard in (proof / "data").glob("shard-*"):
+        shard.write_bytes(os.urandom(12 * 1024))
+    return proof, stash
+
+
 def test_each_call_sends_only_what_is_settled_and_new(tmp_path):
     proof, stash, data = tmp_path / "proof", tmp_path / "stash", tmp_path / "proof" / "data"
     stash.mkdir()
@@ -56,11 +66,7 @@ def test_each_call_sends_only_what_is_settled_and_new(tmp_path):
 
 def test_a_progress_record_waits_until_every_shard_it_counts_is_across(tmp_path, monkeypatch):
     monkeypatch.setattr(data_sendback, "PIECE", 2 * 10240)  # one 12 KiB shard fits a call's one place, two do not
-    proof, stash = tmp_path / "proof", tmp_path / "stash"
-    stash.mkdir()
-    preparation(proof / "data", 2, 2)
-    for shard in (proof / "data").glob("shard-*"):
-        shard.write_bytes(os.urandom(12 * 1024))
+    proof, stash = two_big_shards(tmp_path)
     first = data_sendback.send(str(proof), str(stash), str(tmp_path / "out1"), places=1)
     assert names_in(first) == ["data/shard-00000.parquet"]  # no progress.json: shard 1 is not across
     second = data_sendback.send(str(proof), str(stash), str(tmp_path / "out2"), places=1)
@@ -73,11 +79,7 @@ def test_a_progress_record_waits_until_every_shard_it_counts_is_across(tmp_path,
 
 def test_a_batch_larger_than_a_piece_comes_back_in_pieces_that_join(tmp_path, monkeypatch):
     monkeypatch.setattr(data_sendback, "PIECE", 10240)
-    proof, stash = tmp_path / "proof", tmp_path / "stash"
-    stash.mkdir()
-    preparation(proof / "data", 2, 2)
-    for shard in (proof / "data").glob("shard-*"):
-        shard.write_bytes(os.urandom(12 * 1024))
+    proof, stash = two_big_shards(tmp_path)
     pieces = data_sendback.send(str(proof), str(stash), str(tmp_path / "out"), places=4)
     assert [os.path.basename(p) for p in pieces] == [f"data-01.tar.part-a{c}" for c in "abc"]
     [joined] = data_sendback.join([str(tmp_path / "out")], str(tmp_path / "carry"))
