@@ -15,7 +15,7 @@ import contextlib
 import sys
 
 from dflash_trainer.advisor.layer_timing import (TimedLayers, decoder_layers,  # noqa: F401 (target_forward.py's)
-                                                fit_to_forward)
+                                                events_ms, fit_to_forward)
 from dflash_trainer.model import target as target_module
 from dflash_trainer.model.fused_projections import unfuse_layer
 from dflash_trainer.model.target import (AROUND_KERNELS, AROUND_KERNELS_SHIFTS, COMPILED, COMPILE_BY_KIND, EAGER,

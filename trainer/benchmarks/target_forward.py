@@ -254,7 +254,7 @@ def run_kinds(args, s, train, target, input_ids, flop, peak, made, layer_ids, ke
                 timed.call(lambda: target(input_ids))  # (synchronizes before it returns)
                 timed_forward_s.append(time.perf_counter() - t0)
         events = timed.per_kind()
-        events_ms = sum(k["layers"] * k["ms_per_layer"] for k in events.values())
+        events_ms = layer_kinds.events_ms(events)
         per_kind, rest_ms, scale = layer_kinds.fit_to_forward(events, median * 1e3)
         for kind, k in per_kind.items():
             k["tflops"] = layer_kinds.layer_flop(s, kind, params[kind]) / (k["ms_per_layer"] / 1e3) / 1e12

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dflash_trainer.advisor import predict
-from dflash_trainer.advisor.layer_timing import at_busy_pace, fit_to_forward
+from dflash_trainer.advisor.layer_timing import at_busy_pace, events_ms, fit_to_forward
 
 
 def test_a_job_runs_at_its_slower_stage():
@@ -79,7 +79,7 @@ def test_layer_kinds_fitted_to_the_untimed_forward_keep_their_shares(forward_ms,
                                                                                           "ms_per_layer": 12.5}}
     fitted, rest_ms, got_scale = fit_to_forward(events, forward_ms)
     assert got_scale == pytest.approx(scale) and rest_ms == pytest.approx(rest)
-    assert sum(k["layers"] * k["ms_per_layer"] for k in fitted.values()) + rest_ms == pytest.approx(forward_ms)
+    assert events_ms(fitted) + rest_ms == pytest.approx(forward_ms)
     assert fitted["linear_attention"]["ms_per_layer_events"] == 12.5
     assert events["linear_attention"]["ms_per_layer"] == 12.5  # the measured figures are not changed in place
 
@@ -90,5 +90,5 @@ def test_kinds_at_the_busy_pace_keep_their_shares_and_sum_to_the_busy_forward():
                                          "full_attention": {"layers": 2, "ms_per_layer": 11.0}}, 98.0)
     busy, busy_rest = at_busy_pace(fitted, rest_ms, 1.05)
     assert busy_rest == pytest.approx(4.0 * 1.05)  # 98 - (6 x 12 + 2 x 11)
-    assert sum(k["layers"] * k["ms_per_layer"] for k in busy.values()) + busy_rest == pytest.approx(98.0 * 1.05)
+    assert events_ms(busy) + busy_rest == pytest.approx(98.0 * 1.05)
     assert busy["linear_attention"]["ms_per_layer_alone"] == 12.0 and fitted["linear_attention"]["ms_per_layer"] == 12.0

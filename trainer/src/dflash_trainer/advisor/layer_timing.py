@@ -66,17 +66,22 @@ class TimedLayers:
         return out
 
 
+def events_ms(per_kind: dict) -> float:
+    """What the kinds' layers take together: layers x ms per layer, summed."""
+    return sum(k["layers"] * k["ms_per_layer"] for k in per_kind.values())
+
+
 def fit_to_forward(per_kind: dict, forward_ms: float) -> tuple[dict, float, float]:
     """The kinds' ms per layer made to add up to the untimed forward: where the events of the timed forwards sum to
     more than the untimed forward's median (by 0.2-9.4 % in benchmarks/target_forward.py on one H200, 2026-12-04),
     each kind's ms is scaled down alike, so the events give the kinds' shares and the untimed forward the total;
     where they sum to less, the difference is the rest (embedding, final norm). Returns (per_kind with
     "ms_per_layer" fitted and "ms_per_layer_events" as measured, rest ms, the scale)."""
-    events_ms = sum(k["layers"] * k["ms_per_layer"] for k in per_kind.values())
-    scale = min(1.0, forward_ms / events_ms) if events_ms > 0 else 1.0
+    total = events_ms(per_kind)
+    scale = min(1.0, forward_ms / total) if total > 0 else 1.0
     fitted = {kind: dict(k, ms_per_layer_events=k["ms_per_layer"], ms_per_layer=k["ms_per_layer"] * scale)
               for kind, k in per_kind.items()}
-    return fitted, max(0.0, forward_ms - events_ms * scale), scale
+    return fitted, max(0.0, forward_ms - total * scale), scale
 
 
 def at_busy_pace(per_kind: dict, rest_ms: float, pace: float) -> tuple[dict, float]:
