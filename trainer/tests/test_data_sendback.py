@@ -84,7 +84,8 @@ def test_a_batch_larger_than_a_piece_comes_back_in_pieces_that_join(tmp_path, mo
     assert [os.path.basename(p) for p in pieces] == [f"data-01.tar.part-a{c}" for c in "abc"]
     [joined] = data_sendback.join([str(tmp_path / "out")], str(tmp_path / "carry"))
     with tarfile.open(joined) as tar:
-        assert tar.extractfile("data/shard-00001.parquet").read() == (proof / "data" / "shard-00001.parquet").read_bytes()
+        sent = tar.extractfile("data/shard-00001.parquet").read()
+    assert sent == (proof / "data" / "shard-00001.parquet").read_bytes()
 
 
 def test_carried_data_is_not_sent_back_and_batches_go_on_after_the_carried_ones(tmp_path):
