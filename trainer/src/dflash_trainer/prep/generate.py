@@ -105,14 +105,14 @@ class Generator:
                 att[row, width - len(prompts[i]):] = 1
             limit = max(max_new[i] for i in idx)
             # pure temperature sampling (no top-k/top-p cut); greedy when --temperature 0
-            sampling = dict(do_sample=True, temperature=self.temperature, top_p=1.0, top_k=0) \
+            generation = dict(do_sample=True, temperature=self.temperature, top_p=1.0, top_k=0) \
                 if self.temperature > 0 else dict(do_sample=False)
-            if self.cache != "dynamic":
-                sampling.update(cache_implementation="static", disable_compile=self.cache == "static")
+            if self.cache != "dynamic":  # (the attention was set on the model when it loaded)
+                generation.update(cache_implementation="static", disable_compile=self.cache == "static")
             with torch.no_grad():
                 out = self.model.generate(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
                                           max_new_tokens=limit, min_new_tokens=0, eos_token_id=sorted(self.eos) or None,
-                                          pad_token_id=self.pad, **sampling)
+                                          pad_token_id=self.pad, **generation)
             for row, i in enumerate(idx):
                 result[i] = self._cut(out[row, width:].tolist(), max_new[i])
         return result
