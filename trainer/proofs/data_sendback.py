@@ -6,8 +6,8 @@ starting over.
 
 Settled: a preparation's shards that its progress.json counts, that progress.json (the bytes read, sent only once
 every shard it counts is on the other side) and its stats.json (likewise), and any other regular file (written
-atomically: the synthesized prompts and their record). Links (the data/with-* folders) are left out: the proof
-remakes them. Standard library only: the script runs it by path on the lent machine.
+atomically: the synthesized prompts and their record). Links (the data/with-* folders) and hidden folders (the
+datasets library's cache, 5 MB of the first batch on a GPU) are left out: the proof remakes them. Standard library only: the script runs it by path on the lent machine.
 
     data_sendback.py mark --proof DIR --stash DIR                   (launch: what was carried in counts as sent)
     data_sendback.py send --proof DIR --stash DIR --out DIR --places N   (watch: at most N pieces this call)
@@ -38,7 +38,7 @@ def settled(proof: str) -> tuple[dict, dict]:
     {preparation folder: the shards its progress.json counts})."""
     files, counted = {}, {}
     for folder, dirs, names in os.walk(os.path.join(proof, "data")):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # caches (datasets' .datasets-cache): remade
         rel_folder = os.path.relpath(folder, proof)
         records = {}
         for name in RECORDS:  # read before listing the shards: a shard it counts is already under its name

@@ -45,11 +45,13 @@ def two_big_shards(tmp_path):
 def test_each_call_sends_only_what_is_settled_and_new(tmp_path):
     proof, stash, data = tmp_path / "proof", tmp_path / "stash", tmp_path / "proof" / "data"
     stash.mkdir()
-    # shard 2 is written but not yet counted; a half-written shard; the links the proof remakes
+    # shard 2 is written but not yet counted; a half-written shard; the links and the cache the proof remakes
     preparation(data, 3, 2, extra=("shard-00003.parquet.tmp",))
     (data / "synth-prompts.jsonl").write_text("{}\n")
     (data / "with-synth").mkdir()
     os.symlink("../shard-00000.parquet", data / "with-synth" / "shard-00000.parquet")
+    (data / ".datasets-cache" / "json").mkdir(parents=True)  # the datasets library's cache of the prompts
+    (data / ".datasets-cache" / "json" / "json-train.arrow").write_bytes(b"cache")
     first = data_sendback.send(str(proof), str(stash), str(tmp_path / "out1"), places=7)
     assert [os.path.basename(p) for p in first] == ["data-01.tar.part-aa"]
     assert names_in(first) == ["data/progress.json", "data/shard-00000.parquet", "data/shard-00001.parquet",
