@@ -7,7 +7,8 @@ starting over.
 Settled: a preparation's shards that its progress.json counts, that progress.json (the bytes read, sent only once
 every shard it counts is on the other side) and its stats.json (likewise), and any other regular file (written
 atomically: the synthesized prompts and their record). Links (the data/with-* folders) and hidden folders (the
-datasets library's cache, 5 MB of the first batch on a GPU) are left out: the proof remakes them. Standard library only: the script runs it by path on the lent machine.
+datasets library's cache, 5 MB of the first batch on a GPU) are left out: the proof remakes them. The script runs it
+by path on the lent machine: the standard library and the trainer's atomic write (no torch).
 
     data_sendback.py mark --proof DIR --stash DIR                   (launch: what was carried in counts as sent)
     data_sendback.py send --proof DIR --stash DIR --out DIR --places N   (watch: at most N pieces this call)
@@ -21,6 +22,8 @@ import os
 import re
 import sys
 import tarfile
+
+from dflash_trainer.telemetry.heartbeat import write_json_atomic
 
 PIECE = 15 * 2**20  # a returned file may hold 16 MiB
 MANIFEST = "data-sent.json"
@@ -78,20 +81,13 @@ def _load(stash: str) -> dict:
     return {"batch": 0, "files": {}}
 
 
-def _save(stash: str, manifest: dict) -> None:
-    path = os.path.join(stash, MANIFEST)
-    with open(path + ".tmp", "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    os.replace(path + ".tmp", path)
-
-
 def mark(proof: str, stash: str) -> dict:
     """Everything present now (the carried data) counts as sent; batches go on after the highest carried one."""
-    files, _ = settled(proof) if os.path.isdir(os.path.join(proof, "data")) else ({}, {})
+    files, _ = settled(proof)  # (none where nothing was carried: os.walk of a missing folder yields nothing)
     carried = [int(m.group(1)) for p in glob.glob(os.path.join(stash, "data-*.tar*"))
                if (m := BATCH.match(os.path.basename(p)))]
     manifest = {"batch": max(carried, default=0), "files": {rel: key for rel, (key, _) in files.items()}}
-    _save(stash, manifest)
+    write_json_atomic(os.path.join(stash, MANIFEST), manifest, indent=1)
     return manifest
 
 
@@ -133,7 +129,7 @@ def send(proof: str, stash: str, out: str, places: int) -> list[str]:
             f.write(data[i:i + PIECE])
     manifest["batch"] = batch
     manifest["files"].update({rel: key for rel, (key, _) in chosen.items()})
-    _save(stash, manifest)
+    write_json_atomic(os.path.join(stash, MANIFEST), manifest, indent=1)
     return pieces
 
 

@@ -77,7 +77,7 @@ install_wheels() {
     python3 -c "import gguf, datasets" || { echo "the carried wheels do not import: see the header"; exit 4; }
 }
 
-# What of the regenerated data has come back (run by path: standard library only)
+# What of the regenerated data has come back (run by path; it imports no torch)
 SENDBACK="$(dirname "$0")/data_sendback.py"
 
 # Follow the detached proof's log for up to $1 seconds (or until it exits); copy its reports to $OUT.
