@@ -17,13 +17,15 @@
 #               (optional) (cd trainer && python -m proofs.extra_prompts --out ../.artifacts/dev-b/extra.jsonl)
 #               (the extra prompt sets; launch copies it to $S/extra.jsonl: pass --extra-prompts $S/extra.jsonl)
 #               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
-#               (optional) python3 trainer/proofs/data_sendback.py join <files_at of each earlier call>... \
+#               (optional) .venv/bin/python trainer/proofs/data_sendback.py join <files_at of each call>... \
 #                   --to .artifacts/dev-a   (the data-NN.tar that launch and every watch sent back as it was made:
 #               prepare-data resumes from them, or skips the regeneration where they hold all of it; 41,575 rows
 #               were 8.7 MB; dev-a must stay under the 64 MiB a call carries: its wheels may go)
 #               (where one call would exceed 64 MiB, split the data: e.g. run 17 carried the synthesized and extra
 #               prompts' data as dev-a/data-new.tar.gz, the proof's own as dev-b/data.tar and the prompts as
-#               dev-b/prompts.jsonl.gz; launch takes data*.tar* from both folders and either prompts file)
+#               dev-b/prompts.jsonl.gz; launch takes data*.tar* from both folders and either prompts file;
+#               run 19 carried the three batches its first lease sent as dev-a/data-01.tar.gz, data-02.tar.gz and
+#               dev-b/data-03.tar.gz: gzip -9 made 24.9 MB 18.1 MB, and the 64 MiB count includes the working tree)
 #               (optional) cp <files_at of an earlier watch>/data-baseline.tar .artifacts/dev-a/  (the baseline:
 #               a proof with the same target, prompts and settings reuses it, PROOF.md "The baseline kept")
 # Call 1 (carry .artifacts/dev-a):  bash trainer/proofs/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
@@ -97,7 +99,8 @@ watch_proof() {
     # The regenerated data comes back as it is made, at every call (data_sendback.py: the settled files that were
     # neither carried in nor sent before, as data-NN.tar.part-* of 15 MiB; $OUT takes 8 files, one is kept for
     # data-baseline.tar), so that a lease lost in the middle of the regeneration still keeps what its calls made.
-    # Here: `python3 trainer/proofs/data_sendback.py join <files_at>... --to .artifacts/dev-a` (stash carries it in).
+    # Here: `.venv/bin/python trainer/proofs/data_sendback.py join <files_at>... --to .artifacts/dev-a` (stash
+    # carries it in; the project's venv: the script imports the trainer).
     [ -d "$S/proof/data" ] && python3 "$SENDBACK" send --proof "$S/proof" --stash "$S" --out "$OUT" \
         --places $((7 - $(ls "$OUT" | wc -l)))
     # The baseline a proof keeps under its data root (proofs/baseline_cache.py) comes back once too, as
