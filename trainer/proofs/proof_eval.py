@@ -40,16 +40,9 @@ from dflash_trainer.telemetry.heartbeat import write_json_atomic  # a reader (th
 from dflash_trainer.telemetry.writers import read_jsonl  # the snapshots.jsonl dflash-train appends to
 
 from . import baseline_cache
+from .eval_sets import SETS, result_key
 
 SNAPSHOTS = os.path.join("train", "snapshots.jsonl")
-# The prompt sets, in evaluation order: name -> the settings keys of their file and of their prompt count (None: all)
-SETS = {"split": ("eval_prompts", None), "other_styles": ("other_styles", "num_other_styles")}
-
-
-def result_key(key: str, name: str) -> str:
-    """Where a set's figures go in the report: the split's under the key reports have always used ("eval",
-    "baseline", "target_only"), the other sets' under key_<set> ("eval_other_styles")."""
-    return key if name == "split" else f"{key}_{name}"
 DONE = os.path.join("train", "done")
 
 

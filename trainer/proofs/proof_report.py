@@ -10,9 +10,7 @@ import os
 from dflash_trainer.eval.evaluate import format_styles
 from dflash_trainer.telemetry.heartbeat import write_json_atomic
 
-from .proof_eval import SETS, result_key
-
-SET_LABELS = {"split": "the proof's split", "other_styles": "other styles"}
+from .eval_sets import SET_LABELS, SETS, result_key
 
 
 def write_results(out: str, results: dict) -> None:

@@ -1,0 +1,129 @@
+"""A lever's τ against its reference's, prompt by prompt: two proofs' proof.json, evaluated on the same prompts.
+
+For each held-out set (the proof's split, other styles) it prints both τ, their difference Δ and a 95 % interval of
+Δ from a paired bootstrap over the prompts: the prompts are drawn again with replacement, both drafters scored on
+the same draw (τ of a draw = its accepted tokens over its verification steps, as the evaluation's τ). The interval
+says how much Δ owes to which prompts happened to be held out. It does not hold the training's own variation from
+run to run (the same flags on another card or with the GPU shared moved τ by 0.1-0.2, PROOF.md runs 17-19): a Δ
+inside that is no lever's effect, whatever its interval.
+
+    python -m proofs.compare_proofs REFERENCE.json LEVER.json [--minutes 5] [--resamples 10000] [--seed 0]
+
+The two must share their prompts and references: the baseline's prompt lookup is deterministic, so its steps per
+prompt, in both files, must be equal (else the proofs had another split, other prompts or another target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+
+from .eval_sets import SET_LABELS, SETS, result_key
+
+
+class Mismatch(ValueError):
+    """The two proofs cannot be compared prompt by prompt (one line: what differs and what to do)."""
+
+
+def snapshot(proof: dict, minutes: float | None, name: str) -> dict:
+    """The snapshot at `minutes` (default: the last)."""
+    snaps = proof.get("snapshots") or []
+    if not snaps:
+        raise Mismatch(f"{name} has no evaluated snapshot: compare proofs that reached one")
+    if minutes is None:
+        return snaps[-1]
+    for s in snaps:
+        if abs(s["minutes"] - minutes) < 1e-9:
+            return s
+    have = ", ".join(f"{s['minutes']:g}" for s in snaps)
+    raise Mismatch(f"{name} has no snapshot at {minutes:g} min (it has {have}): pass one of those to --minutes")
+
+
+def tau(steps: list[int], accepted: list[int], draw: list[int]) -> float:
+    return sum(accepted[i] for i in draw) / sum(steps[i] for i in draw)
+
+
+def paired_interval(ref: dict, lever: dict, resamples: int, seed: int) -> tuple[float, float, float]:
+    """(2.5 %, 97.5 % quantiles of Δ over the resampled prompt sets, share of them with Δ > 0)."""
+    n = len(ref["prompt_steps"])
+    rng = random.Random(seed)
+    deltas = []
+    for _ in range(resamples):
+        draw = [rng.randrange(n) for _ in range(n)]
+        deltas.append(tau(lever["prompt_steps"], lever["prompt_accepted"], draw)
+                      - tau(ref["prompt_steps"], ref["prompt_accepted"], draw))
+    deltas.sort()
+    lo = deltas[int(0.025 * (resamples - 1))]
+    hi = deltas[int(0.975 * (resamples - 1))]
+    return lo, hi, sum(d > 0 for d in deltas) / resamples
+
+
+def compare(ref_proof: dict, lever_proof: dict, minutes: float | None = None, resamples: int = 10000,
+            seed: int = 0) -> list[dict]:
+    """One row per set both proofs evaluated."""
+    ref_snap = snapshot(ref_proof, minutes, "the reference")
+    lever_snap = snapshot(lever_proof, minutes, "the lever")
+    rows = []
+    for name in SETS:
+        ref, lever = ref_snap.get(result_key("eval", name)), lever_snap.get(result_key("eval", name))
+        if not ref or not lever:
+            continue
+        ref_base = ref_proof.get(result_key("baseline", name)) or {}
+        lever_base = lever_proof.get(result_key("baseline", name)) or {}
+        for who, figures in (("the reference", (ref, ref_base)), ("the lever", (lever, lever_base))):
+            if not all(m.get("prompt_steps") for m in figures):
+                raise Mismatch(f"{SET_LABELS[name]}: {who} has no figures per prompt (prompt_steps; older proof.json "
+                               f"files lack them): compare proofs that recorded them")
+        if ref_base["prompt_steps"] != lever_base["prompt_steps"]:
+            raise Mismatch(f"{SET_LABELS[name]}: prompt lookup's steps per prompt differ between the two proofs, so "
+                           f"they were evaluated on other prompts or references: compare proofs of the same target, "
+                           f"data and --seed")
+        lo, hi, above = paired_interval(ref, lever, resamples, seed)
+        rows.append({"set": name, "prompts": len(ref["prompt_steps"]), "tau_reference": ref["tau"],
+                     "tau_lever": lever["tau"], "delta": lever["tau"] - ref["tau"], "interval": [lo, hi],
+                     "share_above_zero": above, "steps": [ref_snap["step"], lever_snap["step"]]})
+    if not rows:
+        raise Mismatch("no held-out set was evaluated in both proofs at that snapshot: compare proofs that evaluated one")
+    return rows
+
+
+def format_rows(rows: list[dict], minutes: float) -> str:
+    lines = [f"after {minutes:g} min | prompts | steps (reference / lever) | τ reference | τ lever | Δ | "
+             f"95 % interval of Δ (prompts resampled) | resamples with Δ > 0",
+             "|".join(["---"] * 8)]
+    for r in rows:
+        lo, hi = r["interval"]
+        lines.append(f"{SET_LABELS[r['set']]} | {r['prompts']} | {r['steps'][0]:,} / {r['steps'][1]:,} | "
+                     f"{r['tau_reference']:.2f} | {r['tau_lever']:.2f} | {r['delta']:+.2f} | "
+                     f"{lo:+.2f} … {hi:+.2f} | {r['share_above_zero']:.0%}")
+    return "\n".join("| " + line + " |" for line in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("reference", help="the reference proof's proof.json")
+    p.add_argument("lever", help="the lever's proof.json (the same prompts)")
+    p.add_argument("--minutes", type=float, default=None, help="the snapshot to compare (default: the last)")
+    p.add_argument("--resamples", type=int, default=10000, help="bootstrap draws (default: 10000)")
+    p.add_argument("--seed", type=int, default=0, help="the draws' seed (default: 0)")
+    args = p.parse_args(argv)
+    if args.resamples < 100:
+        p.error(f"--resamples {args.resamples}: too few for a 95 % interval; give 100 or more")
+    with open(args.reference) as f:
+        ref = json.load(f)
+    with open(args.lever) as f:
+        lever = json.load(f)
+    try:
+        rows = compare(ref, lever, args.minutes, args.resamples, args.seed)
+    except Mismatch as e:
+        print(f"compare_proofs: {e}", file=sys.stderr)
+        return 2
+    minutes = args.minutes if args.minutes is not None else snapshot(ref, None, "the reference")["minutes"]
+    print(format_rows(rows, minutes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

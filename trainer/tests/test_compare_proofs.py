@@ -1,0 +1,73 @@
+"""proofs/compare_proofs.py on the recorded proofs of trainer/results (run 19: the reference and soft-label temperature
+0.5 on one H100, the same prompts): the paired bootstrap's Δ, interval and refusals."""
+
+import copy
+import json
+import os
+
+import pytest
+
+from proofs import compare_proofs
+from proofs.compare_proofs import Mismatch, compare
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results")
+RUN19_A = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-06-run19-a-reference-5min-budget.json")
+RUN19_B = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-06-run19-b-soft-label-temperature-0.5.json")
+RUN16 = os.path.join(RESULTS, "proof-smollm2-h200-2026-12-04-run16-5min-budget.json")
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_delta_is_the_difference_of_the_recorded_taus_and_lies_in_its_interval():
+    a, b = load(RUN19_A), load(RUN19_B)
+    rows = compare(a, b, resamples=2000)
+    assert [r["set"] for r in rows] == ["split", "other_styles"]
+    for r in rows:
+        key = "eval" if r["set"] == "split" else "eval_other_styles"
+        assert r["delta"] == pytest.approx(b["snapshots"][0][key]["tau"] - a["snapshots"][0][key]["tau"])
+        lo, hi = r["interval"]
+        assert lo < r["delta"] < hi and hi - lo < 0.5
+        assert r["steps"] == [1764, 1774]
+    assert rows == compare(a, b, resamples=2000)  # seeded: the same draws each time
+    assert rows != compare(a, b, resamples=2000, seed=1)
+
+
+def test_a_proof_against_itself_differs_by_nothing_and_a_better_lever_on_every_prompt_is_above_zero():
+    a = load(RUN19_A)
+    same = compare(a, a, resamples=500)
+    assert all(r["delta"] == 0 and r["interval"] == [0, 0] and r["share_above_zero"] == 0 for r in same)
+    better = copy.deepcopy(a)
+    other = better["snapshots"][0]["eval_other_styles"]
+    other["prompt_accepted"] = [n + 1 for n in other["prompt_accepted"]]  # one token more accepted on every prompt
+    other["tau"] = sum(other["prompt_accepted"]) / sum(other["prompt_steps"])
+    rows = {r["set"]: r for r in compare(a, better, resamples=500)}
+    assert rows["split"]["delta"] == 0
+    assert rows["other_styles"]["interval"][0] > 0 and rows["other_styles"]["share_above_zero"] == 1
+
+
+def test_other_prompts_older_records_and_a_missing_snapshot_are_refused():
+    a, b = load(RUN19_A), load(RUN19_B)
+    moved = copy.deepcopy(b)
+    moved["baseline"]["prompt_steps"][0] += 1  # another split: prompt lookup took other steps
+    with pytest.raises(Mismatch, match="prompt lookup's steps per prompt differ"):
+        compare(a, moved)
+    with pytest.raises(Mismatch, match="no figures per prompt"):
+        compare(load(RUN16), b)
+    with pytest.raises(Mismatch, match=r"no snapshot at 10 min \(it has 5\)"):
+        compare(a, b, minutes=10)
+
+
+def test_the_command_prints_the_table_or_one_line_naming_the_problem(capsys):
+    assert compare_proofs.main([RUN19_A, RUN19_B, "--resamples", "500"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 4 and table[2].startswith("| the proof's split | 32 | 1,764 / 1,774 | 2.72 | 2.81 | +0.09 |")
+    assert table[3].startswith("| other styles | 78 |")
+    assert compare_proofs.main([RUN16, RUN19_B]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("compare_proofs: the proof's split: the reference has no figures")
+    with pytest.raises(SystemExit):
+        compare_proofs.main([RUN19_A, RUN19_B, "--resamples", "10"])
+    assert "too few for a 95 % interval" in capsys.readouterr().err
