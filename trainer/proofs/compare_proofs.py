@@ -7,7 +7,7 @@ says how much Δ owes to which prompts happened to be held out. It does not hold
 run to run (the same flags on another card or with the GPU shared moved τ by 0.1-0.2, PROOF.md runs 17-19): a Δ
 inside that is no lever's effect, whatever its interval.
 
-    python -m proofs.compare_proofs REFERENCE.json LEVER.json [--minutes 5] [--resamples 10000] [--seed 0]
+    python -m proofs.compare_proofs REFERENCE.json LEVER.json [--snapshot 5] [--resamples 10000] [--seed 0]
 
 The two must share their prompts and references: the baseline's prompt lookup is deterministic, so its steps per
 prompt, in both files, must be equal (else the proofs had another split, other prompts or another target).
@@ -38,7 +38,7 @@ def snapshot(proof: dict, minutes: float | None, name: str) -> dict:
         if abs(s["minutes"] - minutes) < 1e-9:
             return s
     have = ", ".join(f"{s['minutes']:g}" for s in snaps)
-    raise Mismatch(f"{name} has no snapshot at {minutes:g} min (it has {have}): pass one of those to --minutes")
+    raise Mismatch(f"{name} has no snapshot at {minutes:g} min (it has {have}): pass one of those to --snapshot")
 
 
 def tau(steps: list[int], accepted: list[int], draw: list[int]) -> float:
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("reference", help="the reference proof's proof.json")
     p.add_argument("lever", help="the lever's proof.json (the same prompts)")
-    p.add_argument("--minutes", type=float, default=None, help="the snapshot to compare (default: the last)")
+    p.add_argument("--snapshot", type=float, default=None, metavar="MINUTES",
+                   help="the snapshot to compare, by its minutes of training (default: the last)")
     p.add_argument("--resamples", type=int, default=10000, help="bootstrap draws (default: 10000)")
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default: 0)")
     args = p.parse_args(argv)
@@ -116,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.lever) as f:
         lever = json.load(f)
     try:
-        rows = compare(ref, lever, args.minutes, args.resamples, args.seed)
+        rows = compare(ref, lever, args.snapshot, args.resamples, args.seed)
     except Mismatch as e:
         print(f"compare_proofs: {e}", file=sys.stderr)
         return 2
-    minutes = args.minutes if args.minutes is not None else snapshot(ref, None, "the reference")["minutes"]
+    minutes = args.snapshot if args.snapshot is not None else snapshot(ref, None, "the reference")["minutes"]
     print(format_rows(rows, minutes))
     return 0
 
