@@ -30,8 +30,10 @@
 #               a proof with the same target, prompts and settings reuses it, PROOF.md "The baseline kept")
 # Call 1 (carry .artifacts/dev-a):  bash trainer/proofs/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
 #                                   (REGEN_BENCH=1 also times the regeneration's KV caches and attentions,
-#                                   benchmarks/regeneration.py, a few minutes: launch may then pass the fastest
-#                                   as --regen-kv-cache / --regen-decode-attention)
+#                                   benchmarks/regeneration.py, about 6 minutes on an H100 (run 19 cut it off at
+#                                   270 s): launch may then pass the fastest as --regen-kv-cache /
+#                                   --regen-decode-attention; REGEN_BENCH_ARGS adds the benchmark's own flags,
+#                                   e.g. "--caches dynamic": two rows, sdpa and packed-gqa, in about 2 minutes)
 # Call 2 (carry .artifacts/dev-b):  bash trainer/proofs/device_proof.sh launch PROOF_FLAGS...
 #                                   (starts proofs.proof_smollm2 detached, then follows it for $WATCH_S s;
 #                                   the proof trains with dflash-train: PROOF_FLAGS holds dflash-train's own
@@ -141,7 +143,9 @@ print('torch', torch.__version__, 'transformers', transformers.__version__, 'ggu
     python3 -c "import transformers, inspect
 print('GgufConfig', hasattr(transformers, 'GgufConfig') and inspect.signature(transformers.GgufConfig))"
     if [ "${REGEN_BENCH:-0}" = 1 ]; then
-        python3 -m benchmarks.regeneration --preset smollm2-135m --device cuda --out "$OUT/regeneration.json" 2>&1 \
+        read -ra bench_flags <<< "${REGEN_BENCH_ARGS:-}"
+        python3 -m benchmarks.regeneration --preset smollm2-135m --device cuda "${bench_flags[@]}" \
+            --out "$OUT/regeneration.json" 2>&1 \
             | grep --line-buffered -v -E "Loading weights|Writing model" | tee "$OUT/regeneration.log" | tail -n 45
     fi
     # GPU smoke test of the whole proof path on the tiny target (regenerate, flex-attention training, eval)
