@@ -27,17 +27,22 @@ class Mismatch(ValueError):
     """The two proofs cannot be compared prompt by prompt (one line: what differs and what to do)."""
 
 
-def snapshot(proof: dict, minutes: float | None, name: str) -> dict:
-    """The snapshot at `minutes` (default: the last)."""
+def common_minutes(ref_proof: dict, lever_proof: dict) -> float:
+    """The last snapshot both proofs took (a 10-minute run is compared with a 5-minute one at 5 minutes)."""
+    have = [[s["minutes"] for s in p.get("snapshots") or []] for p in (ref_proof, lever_proof)]
+    common = sorted(set(have[0]) & set(have[1]))
+    if not common:
+        raise Mismatch(f"the two proofs share no snapshot (the reference's minutes: {have[0] or 'none'}, the lever's: "
+                       f"{have[1] or 'none'}): compare proofs that reached the same one")
+    return common[-1]
+
+
+def snapshot(proof: dict, minutes: float, name: str) -> dict:
     snaps = proof.get("snapshots") or []
-    if not snaps:
-        raise Mismatch(f"{name} has no evaluated snapshot: compare proofs that reached one")
-    if minutes is None:
-        return snaps[-1]
     for s in snaps:
         if abs(s["minutes"] - minutes) < 1e-9:
             return s
-    have = ", ".join(f"{s['minutes']:g}" for s in snaps)
+    have = ", ".join(f"{s['minutes']:g}" for s in snaps) or "none"
     raise Mismatch(f"{name} has no snapshot at {minutes:g} min (it has {have}): pass one of those to --snapshot")
 
 
@@ -62,7 +67,9 @@ def paired_interval(ref: dict, lever: dict, resamples: int, seed: int) -> tuple[
 
 def compare(ref_proof: dict, lever_proof: dict, minutes: float | None = None, resamples: int = 10000,
             seed: int = 0) -> list[dict]:
-    """One row per set both proofs evaluated."""
+    """One row per set both proofs evaluated, at `minutes` (default: the last snapshot both took)."""
+    if minutes is None:
+        minutes = common_minutes(ref_proof, lever_proof)
     ref_snap = snapshot(ref_proof, minutes, "the reference")
     lever_snap = snapshot(lever_proof, minutes, "the lever")
     rows = []
@@ -81,16 +88,17 @@ def compare(ref_proof: dict, lever_proof: dict, minutes: float | None = None, re
                            f"they were evaluated on other prompts or references: compare proofs of the same target, "
                            f"data and --seed")
         lo, hi, above = paired_interval(ref, lever, resamples, seed)
-        rows.append({"set": name, "prompts": len(ref["prompt_steps"]), "tau_reference": ref["tau"],
+        rows.append({"set": name, "minutes": minutes, "prompts": len(ref["prompt_steps"]), "tau_reference": ref["tau"],
                      "tau_lever": lever["tau"], "delta": lever["tau"] - ref["tau"], "interval": [lo, hi],
                      "share_above_zero": above, "steps": [ref_snap["step"], lever_snap["step"]]})
     if not rows:
-        raise Mismatch("no held-out set was evaluated in both proofs at that snapshot: compare proofs that evaluated one")
+        raise Mismatch("no held-out set was evaluated in both proofs at that snapshot: compare proofs that "
+                       "evaluated one")
     return rows
 
 
-def format_rows(rows: list[dict], minutes: float) -> str:
-    lines = [f"after {minutes:g} min | prompts | steps (reference / lever) | τ reference | τ lever | Δ | "
+def format_rows(rows: list[dict]) -> str:
+    lines = [f"after {rows[0]['minutes']:g} min | prompts | steps (reference / lever) | τ reference | τ lever | Δ | "
              f"95 % interval of Δ (prompts resampled) | resamples with Δ > 0",
              "|".join(["---"] * 8)]
     for r in rows:
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("reference", help="the reference proof's proof.json")
     p.add_argument("lever", help="the lever's proof.json (the same prompts)")
     p.add_argument("--snapshot", type=float, default=None, metavar="MINUTES",
-                   help="the snapshot to compare, by its minutes of training (default: the last)")
+                   help="the snapshot to compare, by its minutes of training (default: the last both took)")
     p.add_argument("--resamples", type=int, default=10000, help="bootstrap draws (default: 10000)")
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default: 0)")
     args = p.parse_args(argv)
@@ -121,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     except Mismatch as e:
         print(f"compare_proofs: {e}", file=sys.stderr)
         return 2
-    minutes = args.snapshot if args.snapshot is not None else snapshot(ref, None, "the reference")["minutes"]
-    print(format_rows(rows, minutes))
+    print(format_rows(rows))
     return 0
 
 

@@ -58,6 +58,21 @@ def test_other_prompts_older_records_and_a_missing_snapshot_are_refused():
         compare(load(RUN16), b)
     with pytest.raises(Mismatch, match=r"no snapshot at 10 min \(it has 5\)"):
         compare(a, b, minutes=10)
+    unevaluated = dict(b, snapshots=[])
+    with pytest.raises(Mismatch, match=r"share no snapshot \(the reference's minutes: \[5.0\], the lever's: none\)"):
+        compare(a, unevaluated)
+
+
+def test_by_default_the_last_snapshot_both_took_is_compared():
+    a, b = load(RUN19_A), load(RUN19_B)
+    longer = copy.deepcopy(b)
+    later = copy.deepcopy(b["snapshots"][0])
+    later.update(minutes=10.0, step=3500)
+    later["eval"]["prompt_accepted"] = [n + 5 for n in later["eval"]["prompt_accepted"]]
+    longer["snapshots"].append(later)  # a 10-minute lever against a 5-minute reference: compared at 5
+    rows = compare(a, longer, resamples=500)
+    assert [r["minutes"] for r in rows] == [5.0, 5.0] and rows[0]["steps"] == [1764, 1774]
+    assert rows == compare(a, b, resamples=500)
 
 
 def test_the_command_prints_the_table_or_one_line_naming_the_problem(capsys):
