@@ -9,6 +9,7 @@ import pytest
 
 from proofs import compare_proofs
 from proofs.compare_proofs import Mismatch, compare
+from proofs.eval_sets import result_key
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results")
 RUN19_A = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-06-run19-a-reference-5min-budget.json")
@@ -26,7 +27,7 @@ def test_delta_is_the_difference_of_the_recorded_taus_and_lies_in_its_interval()
     rows = compare(a, b, resamples=2000)
     assert [r["set"] for r in rows] == ["split", "other_styles"]
     for r in rows:
-        key = "eval" if r["set"] == "split" else "eval_other_styles"
+        key = result_key("eval", r["set"])
         assert r["delta"] == pytest.approx(b["snapshots"][0][key]["tau"] - a["snapshots"][0][key]["tau"])
         lo, hi = r["interval"]
         assert lo < r["delta"] < hi and hi - lo < 0.5
