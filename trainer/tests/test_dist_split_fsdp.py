@@ -42,37 +42,49 @@ def ddp(tiny, tmp_path_factory):
     """1 target + 2 DDP drafter ranks, one micro-batch each per step (the last step: 1 micro-batch, rank 2 none)."""
     tmp = tmp_path_factory.mktemp("ddp")
     text = run(tiny, tmp, tmp / "out", "ddp", 3, 1, "--grad-accum", "1", "--max-steps", str(STEPS),
-               "--checkpoint-interval", str(STEPS // 2), "--drafter-sharding", "ddp")
+               "--checkpoint-interval", str(DDP_SAVED), "--drafter-sharding", "ddp")
     assert "drafter ranks: ddp (--drafter-sharding ddp)" in text
     return losses(tmp / "out"), tmp / "out"
 
 
-@pytest.mark.timeout(300)
-def test_split_target_rank_trains_as_the_replica_does(tiny, tmp_path, ddp):
-    """1 target rank with its 8 layers forced over 2 devices ('cpu' twice) + 1 drafter rank (2 micro-batches)."""
-    out = tmp_path / "out"
-    text = run(tiny, tmp_path, out, "split", 2, 1, "--grad-accum", "2", "--max-steps", str(STEPS),
-               "--target-gpus-per-rank", "2")
-    assert "each target rank splits its layers over 2 devices (--target-gpus-per-rank 2)" in text
-    assert "target layers split: layers 0-3 on cpu, 4-7 on cpu" in text
-    rows = losses(out)
-    assert sorted(rows) == list(range(1, STEPS + 1))
+DDP_SAVED, FSDP_SAVED = 4, 6  # the DDP job's checkpoint the FSDP job resumes, and the FSDP one the split job resumes
+
+
+@pytest.fixture(scope="module")
+def chain(tiny, tmp_path_factory, ddp):
+    """One chain of jobs (each a job of its own cost 10-20 CPU-s, mostly imports): the DDP job's step-4 checkpoint
+    resumed by 2 FSDP drafter ranks with a compile warm-up (steps 5-12); their step-6 checkpoint resumed by
+    1 target rank with its layers split over 2 devices + 1 DDP drafter rank (2 micro-batches; steps 7-12). Each
+    part is the rest of the DDP run's trajectory."""
+    tmp = tmp_path_factory.mktemp("chain")
+    out = tmp / "out"
+    shutil.copytree(ddp[1] / "checkpoints" / f"step-{DDP_SAVED}", out / "checkpoints" / f"step-{DDP_SAVED}")
+    fsdp = run(tiny, tmp, out, "fsdp", 3, 1, "--grad-accum", "1", "--max-steps", str(STEPS),
+               "--checkpoint-interval", str(FSDP_SAVED), "--drafter-sharding", "fsdp",
+               "--compile-warmup-batches", "2")
+    fsdp_rows = losses(out)
+    shutil.rmtree(out / "checkpoints" / f"step-{STEPS}")  # the split job resumes from the middle one
+    saved = find_latest(str(out))
+    split = run(tiny, tmp, out, "split", 2, 1, "--grad-accum", "2", "--max-steps", str(STEPS),
+                "--drafter-sharding", "ddp", "--target-gpus-per-rank", "2")
+    return {"out": out, "fsdp": fsdp, "fsdp_rows": fsdp_rows, "saved": saved, "split": split}
+
+
+def test_a_ddp_checkpoint_resumes_under_fsdp_with_a_compile_warmup(chain, ddp):
+    """2 FSDP drafter ranks (each takes its shard of the whole optimizer state): the rest of the DDP run's
+    trajectory; the compile warm-up trains nothing."""
+    text, rows = chain["fsdp"], chain["fsdp_rows"]
+    assert f"resumed from {chain['out'] / 'checkpoints' / f'step-{DDP_SAVED}'} at step {DDP_SAVED}" in text
+    assert "drafter ranks: fsdp (--drafter-sharding fsdp)" in text
+    assert text.count("compile warm-up: 2 micro-batches") == 2  # both ranks, gathering alike; nothing trained
+    assert sorted(rows) == list(range(DDP_SAVED + 1, STEPS + 1))
     assert_close(rows, ddp[0])
 
 
-@pytest.mark.timeout(300)
-def test_fsdp_drafters_match_ddp_and_their_full_checkpoint_resumes_under_ddp(tiny, tmp_path, ddp):
-    out = tmp_path / "out"
-    half = STEPS // 2
-    text = run(tiny, tmp_path, out, "fsdp", 3, 1, "--grad-accum", "1", "--max-steps", str(STEPS),
-               "--checkpoint-interval", str(half), "--drafter-sharding", "fsdp", "--compile-warmup-batches", "2")
-    assert "drafter ranks: fsdp (--drafter-sharding fsdp)" in text
-    assert text.count("compile warm-up: 2 micro-batches") == 2  # both ranks, gathering alike; nothing trained
-    assert_close(losses(out), ddp[0])
+def test_an_fsdp_checkpoint_is_whole_and_resumes_under_ddp(chain, ddp):
     # the checkpoint is whole: every trainable tensor at its full shape, the optimizer state keyed as one process
-    shutil.rmtree(out / "checkpoints" / f"step-{STEPS}")  # resume from the middle one
-    path = find_latest(str(out))
-    assert path.endswith(f"step-{half}")
+    path, out = chain["saved"], chain["out"]
+    assert path.endswith(f"step-{FSDP_SAVED}")
     weights, drafter_cfg, train_state = load_checkpoint(path)
     plain = DFlashDrafter(DrafterConfig.from_dict(drafter_cfg)).trainable_state_dict()
     assert {k: tuple(v.shape) for k, v in weights.items()} == {k: tuple(v.shape) for k, v in plain.items()}
@@ -82,28 +94,21 @@ def test_fsdp_drafters_match_ddp_and_their_full_checkpoint_resumes_under_ddp(tin
     assert all(state[i]["exp_avg"].shape == params[i].shape for i in state)
     assert all(type(v) is torch.Tensor for s in state.values() for v in s.values())
     # resumed by 1 target + 1 DDP drafter rank (2 micro-batches): the rest of the DDP run's trajectory
-    text = run(tiny, tmp_path, out, "resume", 2, 1, "--grad-accum", "2", "--max-steps", str(STEPS),
-               "--drafter-sharding", "ddp")
-    assert f"resumed from {path} at step {half}" in text
+    assert f"resumed from {path} at step {FSDP_SAVED}" in chain["split"]
+    assert "drafter ranks: ddp (--drafter-sharding ddp)" in chain["split"]
     steps = [r["step"] for r in read_metrics(out)]
-    assert steps == list(range(1, STEPS + 1)) + list(range(half + 1, STEPS + 1))
-    assert_close(losses(out), ddp[0])  # the resumed rows (the later ones) replace the first run's
+    assert steps == list(range(DDP_SAVED + 1, STEPS + 1)) + list(range(FSDP_SAVED + 1, STEPS + 1))
+    assert_close(losses(out), ddp[0])  # the resumed rows (the later ones) replace the FSDP job's
     assert not os.listdir(out / "ranks")
 
 
-@pytest.mark.timeout(300)
-def test_a_ddp_checkpoint_resumes_under_fsdp(tiny, tmp_path, ddp):
-    """The DDP run's middle checkpoint, resumed by 2 FSDP drafter ranks (each takes its shard of the whole
-    optimizer state): the rest of the DDP run's trajectory."""
-    out = tmp_path / "out"
-    half = STEPS // 2
-    saved = ddp[1] / "checkpoints" / f"step-{half}"
-    shutil.copytree(saved, out / "checkpoints" / f"step-{half}")
-    text = run(tiny, tmp_path, out, "fsdp", 3, 1, "--grad-accum", "1", "--max-steps", str(STEPS),
-               "--drafter-sharding", "fsdp")
-    assert f"at step {half}" in text and "drafter ranks: fsdp" in text
-    rows = losses(out)
-    assert sorted(rows) == list(range(half + 1, STEPS + 1))
+def test_split_target_rank_trains_as_the_replica_does(chain, ddp):
+    """The chain's last job: 1 target rank with its 8 layers forced over 2 devices ('cpu' twice)."""
+    text = chain["split"]
+    assert "each target rank splits its layers over 2 devices (--target-gpus-per-rank 2)" in text
+    assert "target layers split: layers 0-3 on cpu, 4-7 on cpu" in text
+    rows = {step: row for step, row in losses(chain["out"]).items() if step > FSDP_SAVED}
+    assert sorted(rows) == list(range(FSDP_SAVED + 1, STEPS + 1))
     assert_close(rows, ddp[0])
 
 
