@@ -213,7 +213,7 @@ def test_the_decoding_options_are_declared_once_and_change_no_answer_or_fingerpr
     from trainer_testlib import load_benchmark
     proof = load_benchmark("proofs.proof_smollm2")
     d = generate.decoding_defaults()
-    assert d == {"cache": "dynamic", "attention": "sdpa"}
+    assert d == {"cache": "dynamic", "attention": "packed-gqa"}
     for prefix, parser in (("", prepare_data.build_parser()), ("", synthesize.build_parser()),
                            ("regen-", proof.build_parser())):
         actions = {a.dest: a for a in parser._actions}
@@ -226,10 +226,10 @@ def test_the_decoding_options_are_declared_once_and_change_no_answer_or_fingerpr
     argv = ["--target-model", chat_target, "--input", src, "--regenerate", "--max-new-tokens", "6", "--temperature",
             "0", "--device", "cpu", "--engine", "transformers", "--no-progress", "--rows-per-shard", "3"]
     assert main(argv + ["--out-dir", str(tmp_path / "default")]) == 0
-    assert "with transformers, KV cache dynamic, attention sdpa," in capsys.readouterr().out
+    assert "with transformers, KV cache dynamic, attention packed-gqa," in capsys.readouterr().out
     assert main(argv + ["--out-dir", str(tmp_path / "other"), "--kv-cache", "static",
-                        "--decode-attention", "packed-gqa", "--num-rows", "3"]) == 0
-    assert "with transformers, KV cache static, attention packed-gqa," in capsys.readouterr().out
+                        "--decode-attention", "sdpa", "--num-rows", "3"]) == 0
+    assert "with transformers, KV cache static, attention sdpa," in capsys.readouterr().out
     assert main(argv + ["--out-dir", str(tmp_path / "other")]) == 0  # resumes at row 3
     assert "resuming at row 3" in capsys.readouterr().out
     assert read_rows(tmp_path / "other") == read_rows(tmp_path / "default")

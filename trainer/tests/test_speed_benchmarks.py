@@ -291,7 +291,7 @@ def test_the_packed_attention_is_the_one_the_generators_target_runs(tmp_path):
     bench = load_benchmark("benchmarks.regeneration")
     bench.write_target(str(tmp_path), bench.PRESETS["tiny-cpu"], "cpu")
     tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=511)
-    gen = Generator(str(tmp_path), tokenizer, "transformers", "cpu", 0.0, 3, 2, 0, attention="packed-gqa")
+    gen = Generator(str(tmp_path), tokenizer, "transformers", "cpu", 0.0, 3, 2, 0)  # the default
     assert gen.model.config._attn_implementation == packed_gqa.NAME
-    assert Generator(str(tmp_path), tokenizer, "transformers", "cpu", 0.0, 3, 2, 0).model.config._attn_implementation \
-        == "sdpa"
+    assert Generator(str(tmp_path), tokenizer, "transformers", "cpu", 0.0, 3, 2, 0, attention="sdpa") \
+        .model.config._attn_implementation == "sdpa"
