@@ -84,18 +84,27 @@ install_wheels() {
 # What of the regenerated data has come back (run by path; it imports no torch)
 SENDBACK="$(dirname "$0")/data_sendback.py"
 
+# What a call prints of a proof's log: where it stands (training steps, each snapshot's τ, the results table, an error)
+# and its last lines; the whole logs come back under $OUT. A long reply is slow to read, and a gap of more than the
+# machine's 30 s warm time between two calls gives the machine back with the proofs on it (run 20 lost two so).
+brief() {
+    grep -E "^step |^finished:|^\[eval .*\] after|^dflash  |^\| (DFlash|prompt lookup)|Traceback|Error|error:" "$1" \
+        | tail -n "${BRIEF_LINES:-12}"
+    echo "(last lines)"; tail -n 2 "$1"
+}
+
 # Follow the detached proof's log for up to $1 seconds (or until it exits); copy its reports to $OUT.
 watch_proof() {
     local until=$((SECONDS + $1))
     while [ $SECONDS -lt $until ] && pgrep -f "$OURS" > /dev/null; do sleep 5; done
     local noise="Loading weights|Writing model|forward_call|FutureWarning|warnings.warn"
     grep -v -E "$noise" "$S/proof.log" > "$OUT/proof.log"
-    tail -n 60 "$OUT/proof.log"
+    brief "$OUT/proof.log"
     cp "$S"/report/proof.json "$OUT/" 2>/dev/null  # proof.md is in the log's last lines and in proof.json
     for x in b c; do  # the later proofs (PROOF_B, PROOF_C at launch)
         [ -f "$S/proof-$x.log" ] || continue
         grep -v -E "$noise" "$S/proof-$x.log" > "$OUT/proof-$x.log"
-        echo "--- proof ${x^^}:"; tail -n 40 "$OUT/proof-$x.log"
+        echo "--- proof ${x^^}:"; brief "$OUT/proof-$x.log"
         cp "$S/report-$x/proof.json" "$OUT/proof-$x.json" 2>/dev/null
     done
     # The regenerated data comes back as it is made, at every call (data_sendback.py: the settled files that were

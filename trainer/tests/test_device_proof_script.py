@@ -77,3 +77,25 @@ def test_watch_sends_back_only_data_that_was_not_carried_in(tmp_path, added):
     if added:
         sent = b"".join(p.read_bytes() for p in parts)
         assert b"regenerated" in sent and b"carried" not in sent
+
+
+def test_watch_prints_where_the_proofs_stand_and_sends_their_whole_logs(tmp_path):
+    # a real proof's log (run 20 A, one H100) as the first proof's, its first lines as a second one still running
+    log = os.path.join(os.path.dirname(__file__), "..", "results",
+                       "proof-smollm2-h100-2026-12-06-run20-a-lr-schedule-wsd.log")
+    text = open(log).read()
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    (stash / "proof.log").write_text(text)
+    head = text.splitlines(keepends=True)[:40]
+    (stash / "proof-b.log").write_text("".join(head))
+    env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"))
+    r = subprocess.run(["bash", SCRIPT, "watch", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.split("--- proof B:")
+    assert "| DFlash | 5.0 | 1748 |" in first and "finished: 1748 optimizer steps" in first
+    assert "dflash  1.86" in first  # the other-styles snapshot's τ line
+    assert first.count("\n") <= 16 and len(r.stdout) < len(text) / 4
+    last_step = [line for line in head if line.startswith("step ")][-1]
+    assert last_step in second  # how far the second proof has trained
+    assert (tmp_path / "out" / "proof.log").read_text().count("\n") > 100  # the whole log comes back
