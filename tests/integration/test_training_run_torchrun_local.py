@@ -56,7 +56,8 @@ def make_req(runs_root, tiny, extra_args=None, **params):
     run_dir = str(runs_root / "r1")
     p.update(name="r1", state="restarted", transport="local", runs_root=str(runs_root),
              command=[sys.executable, "-m", "dflash_trainer.cli"], nproc_per_node=NPROC,
-             env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+             # 0.2 s after each step (the trainer's test hook): the job only has to live and step beside the test
+             env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DFLASH_DEBUG_STEP_PAUSE_S": "0.2"},
              trainer_args={"target_model": str(tiny / "target"), "data_dir": str(tiny / "data"),
                            "output_dir": str(runs_root / "out"), "run_dir": run_dir, "target_gpus": [],
                            "drafter_gpus": [], "target_ranks": 1, "block_size": 4, "max_anchors": 16,

@@ -8,6 +8,7 @@ what is written is loop/bookkeeping.py's, the profile loop/progress.py's."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +16,10 @@ import torch
 
 from dflash_trainer.loop.eta import Eta
 from dflash_trainer.loop.step import derived_seed
+
+# Test hook: seconds slept after each optimizer step (counted as training time). The test suites' live runs, which
+# only need to stay alive and step while playbooks run beside them, then leave the cores to those.
+STEP_PAUSE_ENV = "DFLASH_DEBUG_STEP_PAUSE_S"
 
 
 @dataclass
@@ -63,6 +68,7 @@ def train(p: LoopParts) -> Outcome:
     """Trains until the plan or --max-steps ends, the time budget is spent, or a stop is agreed (SIGTERM)."""
     cfg, st, books, reducer = p.cfg, p.state, p.books, p.reducer
     stopping, budget_spent, bad_in_row, last = reducer.agree_to_stop(), False, 0, (0.0, 0.0, 0.0)
+    pause = float(os.environ.get(STEP_PAUSE_ENV) or 0)
     reducer.start_clock()
     while st.step < p.total_steps and not stopping:
         st.train_s = reducer.before_step(p.train_s0, st.train_s)
@@ -107,6 +113,8 @@ def train(p: LoopParts) -> Outcome:
             break
         if st.step % cfg.checkpoint_interval == 0:
             books.checkpoint()
+        if pause > 0:
+            time.sleep(pause)
     if not budget_spent:
         st.train_s = reducer.after_loop(p.train_s0, st.train_s)
     books.write_metrics(*last)
