@@ -7,6 +7,7 @@ import http.server
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -92,12 +93,22 @@ def wandb_env(tmp_path):
             "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "DFLASH_PROFILE_INTERVAL": "0"}
 
 
-@pytest.mark.slow
-def test_one_process_run_logs_profile_and_an_offline_wandb_run(tiny, tmp_path):
+@pytest.fixture(scope="module")
+def one_process_run(tiny, tmp_path_factory):
+    """A one-process run logging an offline W&B run: read here, and exported by the artifact test (from a copy);
+    a run costs ~6 CPU-s, mostly its imports."""
     pytest.importorskip("wandb")
-    out, log = tmp_path / "out", tmp_path / "train.log"
-    proc = start(train_cmd(tiny, out, "--max-steps", str(STEPS)), log, env=wandb_env(tmp_path))
+    tmp = tmp_path_factory.mktemp("one-process")
+    out, log = tmp / "out", tmp / "train.log"
+    proc = start(train_cmd(tiny, out, "--max-steps", str(STEPS)), log, env=wandb_env(tmp))
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    return tmp
+
+
+@pytest.mark.slow
+def test_one_process_run_logs_profile_and_an_offline_wandb_run(one_process_run):
+    tmp_path = one_process_run
+    out, log = tmp_path / "out", tmp_path / "train.log"
     text = log.read_text()
     if not glob.glob("/dev/nvidia[0-9]*"):
         assert text.count("note: no GPU telemetry:") == 1
@@ -218,12 +229,10 @@ def test_wandb_configured_but_not_installed_is_refused_before_weights_load(tiny,
 
 
 @pytest.mark.slow
-def test_an_export_is_logged_as_an_artifact_of_the_training_runs_one_wandb_run(tiny, tmp_path):
-    pytest.importorskip("wandb")
-    out, log = tmp_path / "out", tmp_path / "train.log"
+def test_an_export_is_logged_as_an_artifact_of_the_training_runs_one_wandb_run(one_process_run, tiny, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(one_process_run / "out", out, symlinks=True)
     env = wandb_env(tmp_path)
-    proc = start(train_cmd(tiny, out, "--max-steps", "2"), log, env=env)
-    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     export = subprocess.run([sys.executable, "-m", "dflash_trainer.export.exporter", "--checkpoint", str(out),
                              "--target-model", tiny["target"], "--out", str(tmp_path / "export"),
                              "--wandb-artifact", str(out)], env=dict(os.environ, **env), capture_output=True,
