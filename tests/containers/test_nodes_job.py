@@ -29,8 +29,10 @@ RUN_DIR = f"/workspace/runs/{RUN}"
 TRAINER_ARGS = {"target_gpus": [], "drafter_gpus": [], "target_ranks": 1, "hs_queue_depth": 3,
                 "hs_queue_min_ready": 2, "log_interval": 1, "heartbeat_interval": 0.5, "checkpoint_interval": 1000,
                 "output_dir": f"{nodes.SHARED_CT}/{RUN}"}
+# 0.2 s after each step (the trainer's test hook): the job lives through many plays, and the reference of the rank
+# test trains again every step it took
 RUN_CONFIG = {"nodes": [{"host": "node0", "nproc_per_node": 2}, {"host": "node1", "nproc_per_node": 1}],
-              "rdzv_port": 29477, "trainer_args": TRAINER_ARGS}
+              "rdzv_port": 29477, "trainer_args": TRAINER_ARGS, "env": {"DFLASH_DEBUG_STEP_PAUSE_S": "0.2"}}
 
 
 def inventory(path: Path) -> Path:
