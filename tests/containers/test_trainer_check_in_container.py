@@ -24,14 +24,18 @@ def _run_files(ct):
     return ct.sh(f"cd {RUN_DIR} && ls -1 && md5sum launch.json").stdout
 
 
+# 0.2 s after each step (the trainer's test hook): the live run only has to go on stepping through the plays
+PAUSED = {"DFLASH_DEBUG_STEP_PAUSE_S": "0.2"}
+
+
 def _with(trainer_args=None, **run):
     """-e dflash_runs: the run tiny with these trainer_args (on top of the inventory's dflash_run_defaults)."""
-    return {"tiny": dict(run, trainer_args=trainer_args or {})}
+    return {"tiny": dict(run, trainer_args=trainer_args or {}, env=PAUSED)}
 
 
 def test_a_refused_configuration_leaves_the_live_run_untouched(play, make_container):
     ct = make_container(200, trainer=True)
-    first = play(PLAYBOOKS / "restart_training.yml", {"run": "tiny"}, limit="ct200")
+    first = play(PLAYBOOKS / "restart_training.yml", {"run": "tiny", "dflash_runs": _with()}, limit="ct200")
     live = first.task(RESTART_TASK)
     assert first.rc == 0 and live["action"] == "launched", first.stdout[-3000:]
     pid = live["pid"]
