@@ -42,7 +42,8 @@ class Generator:
     """Batched sampling from the target: vLLM when importable (and --engine allows), else transformers."""
 
     def __init__(self, model_dir: str, tokenizer, engine: str, device: str, temperature: float,
-                 max_new_tokens: int, batch_size: int, seed: int, cache: str = "dynamic", attention: str = "packed-gqa"):
+                 max_new_tokens: int, batch_size: int, seed: int, cache: str = "dynamic",
+                 attention: str = "packed-gqa"):
         import torch
         if cache not in CACHES:
             raise ValueError(f"unknown KV cache {cache!r}; choose one of {', '.join(CACHES)}")
