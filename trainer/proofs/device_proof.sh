@@ -58,10 +58,16 @@
 #                                   PROOF_B="FLAGS" also starts a second proof on the same data once
 #                                   it is ready, reported as proof-b.*; with PROOF_B_AFTER=1 once the
 #                                   first proof has ended: two ablations in one lease, one after the other;
-#                                   PROOF_C="FLAGS" a third after proof B, reported as proof-c.*)
+#                                   PROOF_C="FLAGS" a third after proof B, reported as proof-c.*;
+#                                   SERVE_BENCH=1 then runs serve_bench.py on the best export with the
+#                                   other-styles prompts (`serve` below; SERVE_BENCH_ARGS: its flags).
+#                                   On a warm machine whose proofs have ended, launch again starts new ones
+#                                   (the data, the GGUF and inductor's cache reused; the earlier logs and
+#                                   reports move to $S/earlier-N); it refuses while one runs)
 # (launch spends ~40 s joining and converting the GGUF before it follows: WATCH_S=560 overran a 600 s call in
 # run 13, so keep WATCH_S <= 520)
 # Calls 3.. (within 30 s of the last): bash trainer/proofs/device_proof.sh watch [SECONDS]
+# (or serve: serve_bench.py on the best finished export now, with the other-styles prompts)
 # Warm start (optional, between calls 1 and 2; carry .artifacts/dev-c holding the init.tar.part-* that the
 # last watch of an earlier session sent): bash trainer/proofs/device_proof.sh stash-init, then launch
 # with --init-drafter /var/tmp/dflash/init-drafter
@@ -96,7 +102,7 @@ brief() {
 # Follow the detached proof's log for up to $1 seconds (or until it exits); copy its reports to $OUT.
 watch_proof() {
     local until=$((SECONDS + $1))
-    while [ $SECONDS -lt $until ] && pgrep -f "$OURS" > /dev/null; do sleep 5; done
+    while [ $SECONDS -lt $until ] && { pgrep -f "$OURS" > /dev/null || serve_pending; }; do sleep 5; done
     local noise="Loading weights|Writing model|forward_call|FutureWarning|warnings.warn"
     grep -v -E "$noise" "$S/proof.log" > "$OUT/proof.log"
     brief "$OUT/proof.log"
@@ -124,20 +130,35 @@ watch_proof() {
     # Once all is done: the longest-trained export of the better proof comes back in three pieces
     # (init.tar.part-*, ~39 MB in all), for a later session's warm start (stash-init, --init-drafter).
     local best
-    best=$(python3 - "$S"/report/proof.json "$S"/report-[bc]/proof.json <<'PY' 2>/dev/null
-import json, os, sys
-runs = [json.load(open(p)) for p in sys.argv[1:] if os.path.isfile(p)]
-snaps = [s for r in runs for s in r["snapshots"][-1:] if s.get("eval")]
-print(max(snaps, key=lambda s: s["eval"]["tau"])["export"] if snaps else "")
-PY
-)
+    best=$(best_export)
     if [ -n "$best" ] && [ ! -f "$S/init.sent" ] && [ "$(ls "$OUT" | wc -l)" -le 5 ]; then
         tar -C "$(dirname "$best")" --transform "s,^$(basename "$best"),init-drafter," -cf - "$(basename "$best")" \
             | split -b 15M - "$OUT/init.tar.part-" && touch "$S/init.sent" && echo "export sent: $best"
     elif [ -n "$best" ] && [ ! -f "$S/init.sent" ]; then  # (three proofs' reports alone fill 6 of the 8 files)
         echo "export not sent (\$OUT holds $(ls "$OUT" | wc -l) files; its 3 pieces need <= 5 there)"
     fi
+    if [ -f "$S/serve-bench.log" ]; then  # SERVE_BENCH=1 at launch: serve_bench.py on the best export
+        echo "--- serve_bench (other styles):"
+        grep -E "^prompts |^speedup|^tau|^lossless|^plain|^speculative|error" "$S/serve-bench.log" | tail -n 8
+        cp "$S/serve-bench.json" "$OUT/" 2>/dev/null  # (the report; its log is these lines: $OUT takes 8 files)
+    fi
+    if serve_pending; then echo "STILL RUNNING (serve_bench)"; return; fi
     echo "PROOF FINISHED"
+}
+
+# The export of the longest-trained snapshot of this stash's best proof (by τ on the split), or nothing.
+best_export() {
+    python3 - "$S"/report/proof.json "$S"/report-[bc]/proof.json <<'PY' 2>/dev/null
+import json, os, sys
+runs = [json.load(open(p)) for p in sys.argv[1:] if os.path.isfile(p)]
+snaps = [s for r in runs for s in r["snapshots"][-1:] if s.get("eval")]
+print(max(snaps, key=lambda s: s["eval"]["tau"])["export"] if snaps else "")
+PY
+}
+
+# Whether serve_bench (SERVE_BENCH=1 at launch) is still to come or running: its waiter's pid, alive.
+serve_pending() {
+    [ -f "$S/serve.pid" ] && kill -0 "$(cat "$S/serve.pid")" 2> /dev/null
 }
 
 case "${1:-}" in
@@ -175,7 +196,17 @@ launch)
     # (checked before anything starts)
     [ -n "${PROOF_C:-}" ] && [ "${PROOF_B_AFTER:-0}:${PROOF_B:+b}" != 1:b ] && {
         echo "PROOF_C runs after proof B ends: set PROOF_B and PROOF_B_AFTER=1 with it"; exit 2; }
+    # A second launch on the warm machine never runs beside this stash's proofs (one GPU, one log)
+    if pgrep -f "$OURS" > /dev/null || serve_pending; then
+        echo "a proof of this machine is still running: watch it to its end, then launch again"; exit 2
+    fi
     [ -f "$S/gguf-part-00" ] || { echo "part 1 is not here: the machine was not kept warm; run stash again"; exit 3; }
+    # ...and the earlier launch's logs and reports move aside, so that watch reports this launch's alone
+    if [ -f "$S/proof.log" ]; then
+        n=1; while [ -e "$S/earlier-$n" ]; do n=$((n + 1)); done
+        mkdir "$S/earlier-$n" && mv "$S"/proof*.log "$S"/report* "$S"/serve* "$S"/init.sent "$S/earlier-$n/" 2>/dev/null
+        echo "the earlier launch's logs and reports: $S/earlier-$n"
+    fi
     mkdir -p "$S/gguf"
     gguf="$S/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
     cat "$S/gguf-part-00" .artifacts/dev-b/gguf-part-01 > "$gguf"
@@ -224,7 +255,28 @@ launch)
         echo "proof ${x^^} waits for $waits (pid $!): ${!flags_var}"
         previous="$S/proof-$x"
     done
+    # SERVE_BENCH=1: serve_bench.py on the best export once every proof has ended (the `serve` command below)
+    if [ "${SERVE_BENCH:-0}" = 1 ]; then
+        setsid nohup bash -c 'while pgrep -f "out $1/proof" > /dev/null; do sleep 5; done; exec bash "$2" serve' \
+            _ "$S" "$0" > "$S/serve-waiter.log" 2>&1 < /dev/null &
+        echo $! > "$S/serve.pid"
+        echo "serve_bench waits for the end of the proofs (pid $!): ${SERVE_BENCH_ARGS:-}"
+    fi
     watch_proof "${WATCH_S:-520}"
+    ;;
+serve)
+    # serve_bench.py (batch-1 greedy decoding: the target alone against the speculative loop, the same prompts)
+    # with the best export of this stash's proofs, on the other-styles set: issue 34's serving figure.
+    # SERVE_BENCH_ARGS adds its own flags, e.g. "--num-prompts 32" (about 190 s on an H200, run 8's export).
+    drafter=$(best_export)
+    [ -n "$drafter" ] || { echo "no export of a finished proof on this machine: launch a proof first"; exit 3; }
+    other=trainer/src/dflash_trainer/prep/other_styles.jsonl
+    read -ra serve_flags <<< "${SERVE_BENCH_ARGS:-}"
+    echo "serve_bench: $drafter on $other"
+    python3 -m benchmarks.serve_bench --target-model "$S/smollm2" --drafter "$drafter" --prompts "$other" \
+        --num-prompts "$(wc -l < "$other")" --max-new-tokens 128 --out "$S/serve-bench.json" "${serve_flags[@]}" \
+        2>&1 | grep --line-buffered -v -E "Loading weights" > "$S/serve-bench.log"
+    tail -n 3 "$S/serve-bench.log"
     ;;
 watch)
     # A machine given back since the launch (more than its warm time between calls) comes back bare: say so, rather
@@ -234,5 +286,5 @@ watch)
     watch_proof "${2:-540}"
     ;;
 *)
-    echo "usage: $0 stash [smoke|nosmoke] | stash-init | launch PROOF_FLAGS... | watch [SECONDS]"; exit 2 ;;
+    echo "usage: $0 stash [smoke|nosmoke] | stash-init | launch PROOF_FLAGS... | watch [SECONDS] | serve"; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
 """device_proof.sh without a GPU: `watch` on a machine that was given back since the launch, and following only
 its own stash's proof (a process named as the proof stands in for it); `launch` refusing PROOF_C before anything
-starts."""
+starts, and a second launch beside a running proof; `serve` (serve_bench.py on the CPU with a tiny export)."""
 import os
 import subprocess
 
@@ -99,3 +99,116 @@ def test_watch_prints_where_the_proofs_stand_and_sends_their_whole_logs(tmp_path
     last_step = [line for line in head if line.startswith("step ")][-1]
     assert last_step in second  # how far the second proof has trained
     assert (tmp_path / "out" / "proof.log").read_text().count("\n") > 100  # the whole log comes back
+
+
+def _live(cmdline: str) -> subprocess.Popen:
+    """A live process whose command line is `cmdline` (stands in for a proof or serve_bench's waiter)."""
+    return subprocess.Popen(["bash", "-c", f"exec -a '{cmdline}' sleep 60"])
+
+
+def test_launch_refuses_while_a_proof_of_this_machine_runs_and_moves_nothing(tmp_path):
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    (stash / "proof.log").write_text("step 10/100\n")
+    proof = _live(f"python3 -m proofs.proof_smollm2 --out {stash}/proof ")
+    try:
+        env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"))
+        r = subprocess.run(["bash", SCRIPT, "launch", "--lr", "1e-3"], env=env, capture_output=True, text=True,
+                           timeout=60)
+    finally:
+        proof.kill()
+        proof.wait()
+    assert r.returncode == 2
+    assert "still running: watch it to its end, then launch again" in r.stdout
+    assert sorted(os.listdir(stash)) == ["proof.log"]
+
+
+def test_a_second_launch_moves_the_earlier_launchs_logs_and_reports_aside(tmp_path):
+    stash = tmp_path / "stash"
+    for d in ("report", "report-b", "proof/data"):
+        (stash / d).mkdir(parents=True)
+    for name in ("proof.log", "proof-b.log", "report/proof.json", "report-b/proof.json", "init.sent",
+                 "serve-bench.json"):
+        (stash / name).write_text(name)
+    (stash / "gguf-part-00").write_bytes(b"half")
+    env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"))
+    # run where dev-b's half is absent: launch stops at the GGUF's checksum, after the move
+    r = subprocess.run(["bash", SCRIPT, "launch", "--lr", "1e-3"], env=env, capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert r.returncode == 5
+    assert f"the earlier launch's logs and reports: {stash}/earlier-1" in r.stdout
+    earlier = stash / "earlier-1"
+    for name in ("proof.log", "proof-b.log", "report/proof.json", "report-b/proof.json", "init.sent",
+                 "serve-bench.json"):
+        assert (earlier / name).read_text() == name  # kept, not overwritten by the new launch
+    assert not (stash / "proof.log").exists() and not (stash / "init.sent").exists()
+    assert (stash / "proof" / "data").is_dir()  # the data stays for the new proofs
+
+
+@pytest.mark.parametrize("serving", [True, False])
+def test_watch_waits_for_serve_bench_and_reports_it(tmp_path, serving):
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    (stash / "proof.log").write_text("finished: 10 optimizer steps\n")
+    (stash / "serve-bench.log").write_text("prompts 78, block 16, max new tokens 128\nspeedup      3.05x\n"
+                                           "tau          3.10\nlossless     True (78/78 prompts identical)\n")
+    (stash / "serve-bench.json").write_text("{}")
+    waiter = _live("bash -c waiter")
+    (stash / "serve.pid").write_text(str(waiter.pid))
+    if not serving:
+        waiter.kill()
+        waiter.wait()
+    try:
+        env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"))
+        r = subprocess.run(["bash", SCRIPT, "watch", "1"], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        waiter.kill()
+        waiter.wait()
+    assert r.returncode == 0, r.stderr
+    assert "--- serve_bench (other styles):" in r.stdout and "speedup      3.05x" in r.stdout
+    assert ("STILL RUNNING (serve_bench)" in r.stdout) == serving
+    assert ("PROOF FINISHED" in r.stdout) == (not serving)
+    assert (tmp_path / "out" / "serve-bench.json").is_file()
+
+
+def test_serve_without_a_finished_proof_says_so(tmp_path):
+    env = dict(os.environ, DFLASH_STASH=str(tmp_path / "stash"), OUT=str(tmp_path / "out"))
+    r = subprocess.run(["bash", SCRIPT, "serve"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3
+    assert "no export of a finished proof on this machine" in r.stdout
+
+
+def test_serve_measures_the_best_export_on_the_other_styles_prompts(tmp_path, chat_target):
+    """`serve` runs serve_bench.py (on the CPU here, through SERVE_BENCH_ARGS) with the export of the proof whose
+    last snapshot has the higher τ, on the trainer's other-styles prompts."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import AutoConfig
+
+    from dflash_trainer.export.exporter import export_checkpoint
+    from dflash_trainer.loop.checkpoint import save_checkpoint
+    from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
+    stash = tmp_path / "stash"
+    shutil.copytree(chat_target, stash / "smollm2")
+    cfg = DrafterConfig.from_target(AutoConfig.from_pretrained(chat_target), 1, [1, 3, 5], block_size=4,
+                                    mask_token_id=511)
+    torch.manual_seed(0)
+    save_checkpoint(str(tmp_path / "train"), 1, DFlashDrafter(cfg).trainable_state_dict(), cfg.to_dict(),
+                    {"step": 1}, keep=1)
+    export_checkpoint(str(tmp_path / "train"), chat_target, str(tmp_path / "export"), dtype="float32")
+    for report, tau, export in (("report", 2.0, tmp_path / "absent"), ("report-b", 2.5, tmp_path / "export")):
+        (stash / report).mkdir()
+        snapshots = [{"eval": {"tau": tau - 1}, "export": "older"}, {"eval": {"tau": tau}, "export": str(export)}]
+        (stash / report / "proof.json").write_text(json.dumps({"snapshots": snapshots}))
+    repo = os.path.join(os.path.dirname(SCRIPT), "..", "..")
+    env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"),
+               SERVE_BENCH_ARGS="--device cpu --dtype float32 --num-prompts 2 --max-new-tokens 8")
+    r = subprocess.run(["bash", SCRIPT, "serve"], env=env, capture_output=True, text=True, timeout=300, cwd=repo)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"serve_bench: {tmp_path / 'export'} on trainer/src/dflash_trainer/prep/other_styles.jsonl" in r.stdout
+    report = json.load(open(stash / "serve-bench.json"))
+    assert report["num_prompts"] == 2 and report["block_size"] == 4 and report["max_new_tokens"] == 8
+    assert report["lossless"] and report["settings"]["drafter"] == str(tmp_path / "export")
+    assert "speedup" in (stash / "serve-bench.log").read_text()
