@@ -7,6 +7,10 @@
 # Call 2 (carry .artifacts/dev-b .artifacts/dev-d2, within the warm window):
 #                                   bash trainer/benchmarks/device_serve_bench.sh [SERVE_BENCH_FLAGS...]
 # Writes $OUT/serve-bench.json and $OUT/serve-bench.log (they come back with the call).
+# Other prompts: later flags win, e.g. the other-styles set (issue 34's serving figure; ~470 s for 78 prompts by
+# run 8's 193 s for 32): --prompts trainer/src/dflash_trainer/prep/other_styles.jsonl --num-prompts 78
+# An export that came back from an earlier session (init.tar.part-* in .artifacts/dev-c): run
+# `device_proof.sh stash-init` (carry dev-c) between calls 1 and 2; it is used instead of dev-d2's.
 set -uo pipefail
 S=${DFLASH_STASH:-/var/tmp/dflash}
 OUT=${OUT:-/tmp/dflash-out}
@@ -29,11 +33,14 @@ fi
 # the export of run 6 (dflash-train, 10-minute schedule): the tar holds init-drafter/
 [ -d "$S/init-drafter" ] || { cat .artifacts/dev-d2/init.tar.part-* | tar -C "$S" -xf - || exit 7; }
 # the proof's held-out split: the last 32 prompts after the shuffle with dflash-train's default seed (0)
+# (dev-b holds prompts.jsonl, or prompts.jsonl.gz where a call's 64 MiB would not hold it plain)
 mkdir -p "$S/serve"
+if [ -f .artifacts/dev-b/prompts.jsonl.gz ]; then gzip -dc .artifacts/dev-b/prompts.jsonl.gz > "$S/prompts.jsonl"
+else cp .artifacts/dev-b/prompts.jsonl "$S/prompts.jsonl" || exit 8; fi
 python3 - "$S" <<'EOF' || exit 8
 import sys
 from proofs.proof_smollm2 import split_prompts
-print("held-out prompts:", split_prompts(".artifacts/dev-b/prompts.jsonl", sys.argv[1] + "/serve", 32, 0, False)[1])
+print("held-out prompts:", split_prompts(sys.argv[1] + "/prompts.jsonl", sys.argv[1] + "/serve", 32, 0, False)[1])
 EOF
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 python3 -m benchmarks.serve_bench --target-model "$S/smollm2" --drafter "$S/init-drafter" \
