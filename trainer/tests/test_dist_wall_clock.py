@@ -100,6 +100,8 @@ def test_a_resume_with_a_larger_budget_continues_the_training_time(budget_job, t
     shutil.copytree(budget_job["out"], out)
     _, log = run_job(tiny, out, tmp_path / "log", "--time-budget-min", "1.5", "--snapshot-minutes", "0.2,0.5")
     assert f"resumed from {out / 'checkpoints' / 'step-10'} at step 10" in log
+    assert ("resumed with other training settings than the checkpoint's run: --time-budget-min 1 -> 1.5; "
+            "--compile-warmup-batches 2 -> 0") in log
     more = read_metrics(out)[len(budget_job["rows"]):]
     assert [r["step"] for r in more] == [11, 12, 13, 14, 15] and [r["train_s"] for r in more] == [66.0, 72.0, 78.0,
                                                                                                    84.0, 90.0]

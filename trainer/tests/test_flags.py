@@ -12,7 +12,8 @@ import pytest
 
 from trainer_testlib import load_benchmark
 from dflash_trainer import cli
-from dflash_trainer.config import TrainConfig, declared_default, env_fields, flag_fields, option_name
+from dflash_trainer.config import (TrainConfig, changed_settings, declared_default, env_fields, flag_fields,
+                                   option_name)
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "dflash_trainer")
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
@@ -150,3 +151,18 @@ def test_train_settings_are_the_given_values_over_the_declared_defaults():
     cli.add_train_flags(p, only=("lr", "block_size", "seed"))
     settings = cli.train_settings(p.parse_args(["--lr", "2e-3"]), ("lr", "block_size"))
     assert settings == {"lr": 2e-3, "block_size": declared_default(TrainConfig.__dataclass_fields__["block_size"])}
+
+
+def test_changed_settings_name_what_a_restart_changed_in_training_only():
+    """A resumed run's log names the training settings that differ from the checkpoint's run (what moves its
+    learning rate or its loss), not paths or logging, and not settings an older checkpoint did not record."""
+    base = ["--target-model", "t", "--data-dir", "d", "--output-dir", "o"]
+    saved = cli.config_from_args(base + ["--lr-schedule", "cosine", "--gamma", "7", "--snapshot-minutes", "5"])
+    now = cli.config_from_args(base + ["--lr-schedule", "wsd", "--gamma", "3", "--snapshot-minutes", "5,10",
+                                       "--use-soft-labels", "--log-interval", "1", "--output-dir", "elsewhere"])
+    record = saved.to_dict()
+    assert changed_settings(record, now) == ["--lr-schedule cosine -> wsd", "--snapshot-minutes 5 -> 5,10",
+                                             "--gamma 7 -> 3", "--use-soft-labels off -> on"]
+    assert changed_settings(record, saved) == []
+    del record["gamma"]  # a checkpoint of a trainer that had no such flag yet
+    assert "--gamma 7 -> 3" not in changed_settings(record, now)

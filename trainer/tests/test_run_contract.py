@@ -35,6 +35,7 @@ def test_kill9_then_resume_continues_at_saved_step_with_same_data(tiny, tmp_path
     assert again.wait(timeout=120) == 0
     log = (tmp_path / "run2.log").read_text()
     assert re.search(rf"resumed from .*step-{saved} at step {saved}\b", log), log
+    assert "other training settings" not in log  # the same flags: nothing to say
     hb = read_heartbeat(tmp_path / "run")
     assert hb["phase"] == "finished" and hb["step"] == 10 and hb["pid"] == again.pid
 
@@ -66,7 +67,10 @@ def test_kill_during_checkpoint_write_keeps_latest_loadable(tiny, tmp_path):
     assert state["step"] == 2 and "fc.weight" in model
     resumed = start(train_cmd(tiny, out, "--max-steps", "6", "--checkpoint-interval", "2"), tmp_path / "c.log")
     assert resumed.wait(timeout=120) == 0
-    assert "at step 2" in (tmp_path / "c.log").read_text()
+    log = (tmp_path / "c.log").read_text()
+    assert "at step 2" in log
+    # the first run's --max-steps 2 became 6: the restart says so (its schedule stretches from step 2 on)
+    assert "resumed with other training settings than the checkpoint's run: --max-steps 2 -> 6" in log, log
     assert _latest_step(out) == 6 and not tmp_dir.exists()
 
 

@@ -313,6 +313,26 @@ def env_fields() -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("env")]
 
 
+# What a resumed run learns by: a restart with new settings changes these from the checkpoint's step on
+_TRAINING_GROUPS = (OPTIMIZATION, WALL_CLOCK, BATCHING, METHOD)
+_NOT_AT_RESUME = ("init_drafter", "init_layers_from_target")  # starting weights: a resume does not apply them
+
+
+def changed_settings(saved: dict, cfg: TrainConfig) -> list[str]:
+    """The training settings (flags of the optimization, wall-clock, batching and method groups) that `cfg` sets
+    otherwise than the run whose checkpoint's config `saved` holds, as "--flag old -> new"; settings the checkpoint
+    does not record (an older trainer's) are left out."""
+    def text(v):
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        if isinstance(v, (list, tuple)):
+            return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) or "none"
+        return "none" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    return [f"{option_name(f)} {text(saved[f.name])} -> {text(getattr(cfg, f.name))}"
+            for f in flag_fields() if f.metadata["group"] in _TRAINING_GROUPS and f.name not in _NOT_AT_RESUME
+            and f.name in saved and saved[f.name] != getattr(cfg, f.name)]
+
+
 def snapshot_name(minutes: float) -> str:
     """The directory name of the snapshot at `minutes` under <output-dir>/snapshots/ (2 -> 2min, 0.5 -> 0.5min)."""
     return f"{minutes:g}min"

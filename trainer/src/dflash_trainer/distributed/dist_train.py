@@ -189,7 +189,7 @@ def _run_rank(cfg: TrainConfig, world: World, heartbeat, stop: threading.Event, 
     """The checks, the job's plan and resume point (read by every rank before any may write), then this rank's
     role (dist_ranks.run_target or run_drafter) and the barrier that ends the job."""
     from dflash_trainer.loop.starting_weights import starting_weights
-    from dflash_trainer.loop.train import drafter_config_for, target_kernels_line
+    from dflash_trainer.loop.train import drafter_config_for, log_changed_settings, target_kernels_line
     validate_paths(cfg)
     if world.is_drafter_leader:
         check_available(cfg)
@@ -230,6 +230,8 @@ def _run_rank(cfg: TrainConfig, world: World, heartbeat, stop: threading.Event, 
                    f"({world.data_backend} transport); micro-batches per optimizer step: {cfg.grad_accum} x "
                    f"{world.num_drafter_ranks} = {G}; {total_steps} optimizer steps"
                    + (f"; resumed from {resume_from} at step {step0}" if resume_from else ""))
+        if resume_from is not None:
+            log_changed_settings(train_state, cfg, lambda msg: log(world, msg))
         heartbeat.set_phase("training", step=step0)
         threading.Thread(target=_relay_progress, args=(world, heartbeat, done), daemon=True).start()
     if world.is_target:

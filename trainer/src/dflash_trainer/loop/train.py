@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dflash_trainer.loop.checkpoint import checkpoints_dir, clean_leftovers, find_latest, load_checkpoint
-from dflash_trainer.config import StartupError, TrainConfig, default_target_layer_ids
+from dflash_trainer.config import StartupError, TrainConfig, changed_settings, default_target_layer_ids
 from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
 from dflash_trainer.model.drafter import DFlashDrafter, DrafterConfig
 from dflash_trainer.telemetry.heartbeat import Heartbeat
@@ -236,7 +236,16 @@ def resume(cfg: TrainConfig, drafter, optimizer, drafter_cfg: DrafterConfig,
     log(f"resumed from {resume_from} at step {state.step} (epoch {state.data['epoch']}, batch "
         f"{state.data['batch_index']}, {state.train_s:.1f} s of training)"
         + (f": {'--init-drafter' if cfg.init_drafter else '--init-layers-from-target'} not applied" if start else ""))
+    log_changed_settings(saved, cfg, log)
     return state, resume_from
+
+
+def log_changed_settings(saved: dict, cfg: TrainConfig, say) -> None:
+    """Say which training settings a restart changed (a new --lr-schedule or --epochs moves the learning rate at
+    once, from the resumed step on), so that a jump in the loss curve has its cause in the log."""
+    changed = changed_settings(saved.get("config") or {}, cfg)
+    if changed:
+        say("resumed with other training settings than the checkpoint's run: " + "; ".join(changed))
 
 
 def finish(cfg: TrainConfig, heartbeat: Heartbeat, state: TrainState, outcome: Outcome, stop) -> None:
