@@ -71,7 +71,10 @@ def play(tmp_path, playbook, tiny, n=[0]):
         "dflash_transport": "local", "dflash_runs_root": str(tmp_path / "runs"),
         "dflash_trainer_command": [sys.executable, "-m", "dflash_trainer.cli"],
         "dflash_wait_for_phase": "training", "dflash_heartbeat_timeout": 120, "dflash_phase_timeout": 180,
-        "dflash_run_defaults": {"env": {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}},
+        # 0.2 s after each step (the trainer's test hook): fewer steps while the stop playbooks start, so fewer
+        # for the reference to train again, and the cores left to the playbooks
+        "dflash_run_defaults": {"env": {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                                        "DFLASH_DEBUG_STEP_PAUSE_S": "0.2"}},
         "dflash_runs": {"seed": {"nproc_per_node": 8, "trainer_args": dict(
             TRAIN, target_model=str(tiny / "target"), data_dir=str(tiny / "data"), output_dir=str(tmp_path / "out"),
             device="cpu", target_gpus=[], drafter_gpus=[], target_ranks=5, grad_accum=1,
