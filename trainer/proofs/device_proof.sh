@@ -257,12 +257,16 @@ launch)
     done
     # SERVE_BENCH=1: serve_bench.py on the best export once every proof has ended (the `serve` command below)
     if [ "${SERVE_BENCH:-0}" = 1 ]; then
-        setsid nohup bash -c 'while pgrep -f "out $1/proof" > /dev/null; do sleep 5; done; exec bash "$2" serve' \
-            _ "$S" "$0" > "$S/serve-waiter.log" 2>&1 < /dev/null &
+        setsid nohup bash "$0" serve-after > "$S/serve-waiter.log" 2>&1 < /dev/null &
         echo $! > "$S/serve.pid"
         echo "serve_bench waits for the end of the proofs (pid $!): ${SERVE_BENCH_ARGS:-}"
     fi
     watch_proof "${WATCH_S:-520}"
+    ;;
+serve-after)
+    # (launch starts it detached with SERVE_BENCH=1; its pid in $S/serve.pid) `serve` once every proof has ended
+    while pgrep -f "$OURS" > /dev/null; do sleep 5; done
+    exec bash "$0" serve
     ;;
 serve)
     # serve_bench.py (batch-1 greedy decoding: the target alone against the speculative loop, the same prompts)

@@ -212,3 +212,20 @@ def test_serve_measures_the_best_export_on_the_other_styles_prompts(tmp_path, ch
     assert report["num_prompts"] == 2 and report["block_size"] == 4 and report["max_new_tokens"] == 8
     assert report["lossless"] and report["settings"]["drafter"] == str(tmp_path / "export")
     assert "speedup" in (stash / "serve-bench.log").read_text()
+
+
+def test_serve_after_waits_for_the_proofs_of_this_machine_then_serves(tmp_path):
+    """What SERVE_BENCH=1 starts detached at launch: `serve` only once no proof of this stash runs (here a stand-in
+    proof that ends by itself; `serve` then finds no export and says so)."""
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    proof = subprocess.Popen(["bash", "-c", f"exec -a 'python3 -m proofs.proof_smollm2 --out {stash}/proof ' sleep 3"])
+    try:
+        env = dict(os.environ, DFLASH_STASH=str(stash), OUT=str(tmp_path / "out"))
+        r = subprocess.run(["bash", SCRIPT, "serve-after"], env=env, capture_output=True, text=True, timeout=60)
+        assert proof.poll() is not None  # it served only after the proof had ended
+    finally:
+        proof.kill()
+        proof.wait()
+    assert r.returncode == 3
+    assert "no export of a finished proof on this machine" in r.stdout
