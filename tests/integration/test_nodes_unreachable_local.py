@@ -42,7 +42,10 @@ def job(tmp_path_factory, tiny):
             "dflash_heartbeat_timeout": 60, "dflash_wait_for_phase": "training", "dflash_phase_timeout": 60,
             "dflash_runs": {"j": {
                 "nodes": [{"host": "node0", "nproc_per_node": 2}, {"host": "node1", "nproc_per_node": 1}],
-                "rdzv_port": port, "env": {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+                # 0.2 s after each step (the trainer's test hook): the job only has to live and step through the
+                # plays
+                "rdzv_port": port, "env": {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                                           "DFLASH_DEBUG_STEP_PAUSE_S": "0.2"},
                 "trainer_args": {
                     "target_model": str(tiny / "target"), "data_dir": str(tiny / "data"),
                     "output_dir": str(root / "shared"), "target_gpus": [], "drafter_gpus": [], "target_ranks": 1,
