@@ -25,8 +25,10 @@ def inventory(tmp_path, command, trainer_args, tag):
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
         "dflash_transport": "local", "dflash_runs_root": str(tmp_path / "runs"), "dflash_trainer_command": command,
         "dflash_target_gpus": [], "dflash_drafter_gpus": [], "dflash_wait_for_phase": "training",
+        # 0.2 s after each step of the real trainer (its test hook): the live run only has to step through the
+        # refused plays
         "dflash_run_defaults": {"trainer_args": dict(trainer_args, tag=tag) if tag else trainer_args,
-                                "env": {"OMP_NUM_THREADS": "1"}},
+                                "env": {"OMP_NUM_THREADS": "1", "DFLASH_DEBUG_STEP_PAUSE_S": "0.2"}},
         "dflash_runs": {"r1": {}}}}}}))
     return str(path)
 
