@@ -32,7 +32,9 @@ def job(tmp_path_factory, tiny):
         p.update(name="j", state=state, transport="local", runs_root=str(runs_root), nodes=NODES, node=node,
                  rdzv_port=port, job_step=step, job_token=token,
                  command=[sys.executable, "-m", "dflash_trainer.cli"],
-                 env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+                 # 0.2 s after each step (the trainer's test hook): the job only has to live and step beside the
+                 # module calls
+                 env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DFLASH_DEBUG_STEP_PAUSE_S": "0.2"},
                  trainer_args={"target_model": str(tiny / "target"), "data_dir": str(tiny / "data"),
                                "output_dir": str(root / "shared"), "run_dir": str(runs_root / "j"),
                                "target_gpus": [], "drafter_gpus": [], "target_ranks": 1, "block_size": 4,
