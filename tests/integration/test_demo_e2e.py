@@ -15,7 +15,10 @@ def play(tmp_path, playbook):
         tmp_path / ("runner-%s-%d" % (playbook, time.monotonic_ns())), playbook,
         os.path.join(ROOT, "inventories", "local"),
         {"run": "demo", "dflash_demo_models": str(tmp_path / "models"), "dflash_demo_root": str(tmp_path / "demo"),
-         "ansible_python_interpreter": sys.executable})
+         "ansible_python_interpreter": sys.executable,
+         # 0.2 s after each step (the trainer's test hook, merged into the demo's env): the run only has to live and
+         # step through the plays
+         "dflash_runs": {"demo": {"env": {"DFLASH_DEBUG_STEP_PAUSE_S": "0.2"}}}})
     res = [e["res"] for e in events if e["task"].startswith("Training run")]
     assert status == "successful" and res, (res[-1].get("msg") if res else status)
     return res[-1]
@@ -32,7 +35,7 @@ def wait_for_step(tmp_path, step, timeout=120):
         hb = heartbeat(tmp_path)
         if (hb.get("step") or 0) >= step:
             return hb
-        time.sleep(1)
+        time.sleep(0.1)
     raise AssertionError("no step %d within %ss: %s" % (step, timeout, hb))
 
 
