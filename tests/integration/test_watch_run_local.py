@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from ansible_helpers import BIN, ROOT
+from ansible_helpers import BIN, ROOT, live_pids_with
 from harness.wandb_files import file_history, offline_runs, run_id_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -121,9 +121,12 @@ def watched(tiny, tmp_path_factory):
     finally:
         if watcher is not None:
             watcher.done.set()
-        subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inv,
-                        os.path.join(ROOT, "playbooks", "stop_training.yml"), "-e", "run=r1"],
-                       env=ENV, capture_output=True, cwd=ROOT, timeout=300)
+        # a run that finished has ended by itself: the stop only where a process of the run is left (one that failed
+        # mid-way; its command line names this module's tmp dir)
+        if live_pids_with(str(tmp)):
+            subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inv,
+                            os.path.join(ROOT, "playbooks", "stop_training.yml"), "-e", "run=r1"],
+                           env=ENV, capture_output=True, cwd=ROOT, timeout=300)
     return out
 
 
