@@ -271,7 +271,8 @@ serve-after)
 serve)
     # serve_bench.py (batch-1 greedy decoding: the target alone against the speculative loop, the same prompts)
     # with the best export of this stash's proofs, on the other-styles set: issue 34's serving figure.
-    # SERVE_BENCH_ARGS adds its own flags, e.g. "--num-prompts 32" (about 190 s on an H200, run 8's export).
+    # SERVE_BENCH_ARGS adds its own flags, e.g. "--compile"; all 78 prompts take ~470 s by run 8's 193 s for 32 on an
+    # H200 (--num-prompts N takes the first N, and the set runs style by style: fewer leave styles out).
     drafter=$(best_export)
     [ -n "$drafter" ] || { echo "no export of a finished proof on this machine: launch a proof first"; exit 3; }
     other=trainer/src/dflash_trainer/prep/other_styles.jsonl
