@@ -18,7 +18,20 @@ PLAYBOOK = """---
       %s:
       args: "{{ module_args }}"
 """
-
+# Ansible.modules: the play, then one task a call
+BATCH_PLAYBOOK = """---
+- name: Module under test, several calls
+  hosts: localhost
+  gather_facts: false
+  tasks:
+"""
+BATCH_TASK = """    - name: module under test %d
+      %s:
+      args: "{{ module_calls[%d] }}"
+      check_mode: %s
+      diff: %s
+      ignore_errors: true
+"""
 
 BIN = os.path.dirname(sys.executable)
 RUNNER_ENV = {"ANSIBLE_COLLECTIONS_PATH": os.path.join(ROOT, ".collections"),
@@ -68,6 +81,30 @@ class Ansible(object):
                    and e["event_data"].get("task") == "module under test"]
         assert results, "no result from the module (runner status %s): %s" % (r.status, r.stdout.read()[-2000:])
         return results[-1]
+
+    def modules(self, name, calls):
+        """Several calls of one module as the tasks of one ansible-playbook run, in order (one start of Ansible, not
+        one a call): calls are (args, check, diff); each task has check_mode and diff of its own and goes on after a
+        failure (ignore_errors). [(ok, result)] in the calls' order."""
+        with self.lock:
+            self.count += 1
+            data_dir = self.tmp / ("runner-%d" % self.count)
+        (data_dir / "project").mkdir(parents=True)
+        tasks = "".join(BATCH_TASK % (i, name, i, check, diff) for i, (_, check, diff) in enumerate(calls))
+        (data_dir / "project" / "play.yml").write_text(BATCH_PLAYBOOK + tasks)
+        r = ansible_runner.run(
+            private_data_dir=str(data_dir), playbook="play.yml", quiet=True,
+            extravars={"module_calls": [args for args, _, _ in calls]},
+            envvars=dict(RUNNER_ENV, ANSIBLE_PYTHON_INTERPRETER=sys.executable),
+            inventory="localhost ansible_connection=local",
+            settings={"suppress_ansible_output": True},
+        )
+        by_task = dict((e["event_data"].get("task"), (e["event"] == "runner_on_ok", e["event_data"]["res"]))
+                       for e in r.events if e.get("event") in ("runner_on_ok", "runner_on_failed"))
+        results = [by_task.get("module under test %d" % i) for i in range(len(calls))]
+        assert all(results), "no result from call %d of the module (runner status %s): %s" % (
+            results.index(None), r.status, r.stdout.read()[-2000:])
+        return results
 
 
 
