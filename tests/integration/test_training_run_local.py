@@ -10,6 +10,7 @@ import pytest
 from ansible_helpers import FAKE, live_pids_with, starts
 
 pytestmark = pytest.mark.timeout(120)
+TR = "dflash.ops.training_run"
 
 
 def args(runs_root, name="r1", **extra):
@@ -40,10 +41,9 @@ def test_launch_is_live_and_writes_the_run_contract(ansible, runs_root):
 
 def test_same_settings_again_is_a_noop(ansible, runs_root):
     a = args(runs_root, trainer_args={"tag": "t-noop", "lr": 0.1})
-    ok, first = ansible.module("dflash.ops.training_run", a)
+    (ok, first), (ok_second, second) = ansible.modules(TR, [(a, False, False)] * 2)  # one ansible-playbook run
     assert ok
-    ok, second = ansible.module("dflash.ops.training_run", a)
-    assert ok and not second["changed"] and second["action"] == "noop"
+    assert ok_second and not second["changed"] and second["action"] == "noop"
     assert second["pid"] == first["pid"]
     assert live_pids_with(marker("t-noop")) == [first["pid"]]
     assert len(starts(runs_root / "r1")) == 1
@@ -53,20 +53,20 @@ def test_check_mode_reports_without_acting(ansible, runs_root):
     a = args(runs_root, trainer_args={"tag": "t-check"})
     ok, res = ansible.module("dflash.ops.training_run", a, check=True)
     assert ok and res["changed"] and not (runs_root / "r1" / "pid").exists()
-    ok, first = ansible.module("dflash.ops.training_run", a)
-    ok, res = ansible.module("dflash.ops.training_run", a, check=True)
+    changed = dict(a, trainer_args=dict(a["trainer_args"], lr=0.5))
+    # one ansible-playbook run: the launch, the same in check mode, then a changed setting in check mode
+    (_, first), (ok, res), (ok_changed, res_changed) = ansible.modules(
+        TR, [(a, False, False), (a, True, False), (changed, True, False)])
     assert ok and not res["changed"]
-    a["trainer_args"]["lr"] = 0.5
-    ok, res = ansible.module("dflash.ops.training_run", a, check=True)
-    assert ok and res["changed"] and res["would_stop"] == ["r1"]
+    assert ok_changed and res_changed["changed"] and res_changed["would_stop"] == ["r1"]
     assert live_pids_with(marker("t-check")) == [first["pid"]], "check mode must not stop the run"
 
 
 def test_changed_setting_restarts_and_keeps_the_old_log(ansible, runs_root):
-    ok, first = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "t-chg", "lr": 1}))
+    (ok, first), (ok_second, second) = ansible.modules(TR, [  # one ansible-playbook run
+        (args(runs_root, trainer_args={"tag": "t-chg", "lr": lr}), False, False) for lr in (1, 2)])
     assert ok
-    ok, second = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "t-chg", "lr": 2}))
-    assert ok and second["changed"] and second["pid"] != first["pid"]
+    assert ok_second and second["changed"] and second["pid"] != first["pid"]
     assert [s["pid"] for s in second["stopped"]] == [first["pid"]] and second["stopped"][0]["signal"] == "SIGTERM"
     assert live_pids_with(marker("t-chg")) == [second["pid"]]
     kept_logs = [p for p in second["kept"] if p.endswith(".log")]
@@ -79,18 +79,16 @@ def test_changed_setting_restarts_and_keeps_the_old_log(ansible, runs_root):
 
 def test_force_restarts_the_same_settings(ansible, runs_root):
     a = args(runs_root, trainer_args={"tag": "t-force"})
-    ok, first = ansible.module("dflash.ops.training_run", a)
-    a["force"] = True
-    ok, second = ansible.module("dflash.ops.training_run", a)
+    (_, first), (ok, second) = ansible.modules(TR, [(a, False, False), (dict(a, force=True), False, False)])
     assert ok and second["changed"] and second["pid"] != first["pid"]
     assert live_pids_with(marker("t-force")) == [second["pid"]]
 
 
 def test_crash_at_start_fails_with_exit_status_and_log_tail(ansible, runs_root):
-    ok, first = ansible.module("dflash.ops.training_run", args(runs_root, trainer_args={"tag": "t-crash"}))
-    assert ok
-    ok, res = ansible.module("dflash.ops.training_run",
-                             args(runs_root, trainer_args={"tag": "t-crash", "crash": 3}))
+    (ok_first, first), (ok, res) = ansible.modules(TR, [  # one ansible-playbook run
+        (args(runs_root, trainer_args={"tag": "t-crash"}), False, False),
+        (args(runs_root, trainer_args={"tag": "t-crash", "crash": 3}), False, False)])
+    assert ok_first
     assert not ok
     assert res["rc"] == 3
     assert "failed right after launch (exit 3)" in res["msg"]
@@ -108,11 +106,10 @@ def test_missing_trainer_binary_fails_clearly(ansible, runs_root):
 
 
 def test_process_ignoring_sigterm_is_killed_after_grace(ansible, runs_root):
-    ok, first = ansible.module("dflash.ops.training_run",
-                               args(runs_root, trainer_args={"tag": "t-ign", "ignore_term": True}))
-    assert ok
-    ok, res = ansible.module("dflash.ops.training_run",
-                             args(runs_root, stop_timeout=1.5, trainer_args={"tag": "t-ign", "lr": 3}))
+    (ok_first, first), (ok, res) = ansible.modules(TR, [  # one ansible-playbook run
+        (args(runs_root, trainer_args={"tag": "t-ign", "ignore_term": True}), False, False),
+        (args(runs_root, stop_timeout=1.5, trainer_args={"tag": "t-ign", "lr": 3}), False, False)])
+    assert ok_first
     assert ok, res.get("msg")
     stop = res["stopped"][0]
     assert stop["signal"] == "SIGKILL" and stop["waited_s"] >= 1.5
@@ -120,11 +117,10 @@ def test_process_ignoring_sigterm_is_killed_after_grace(ansible, runs_root):
 
 
 def test_slow_exit_is_waited_for_not_killed(ansible, runs_root):
-    ok, first = ansible.module("dflash.ops.training_run", args(
-        runs_root, trainer_args={"tag": "t-slow", "slow_exit": 2}))
-    assert ok
-    ok, res = ansible.module("dflash.ops.training_run", args(runs_root, stop_timeout=20,
-                                                             trainer_args={"tag": "t-slow", "lr": 4}))
+    (ok_first, first), (ok, res) = ansible.modules(TR, [  # one ansible-playbook run
+        (args(runs_root, trainer_args={"tag": "t-slow", "slow_exit": 2}), False, False),
+        (args(runs_root, stop_timeout=20, trainer_args={"tag": "t-slow", "lr": 4}), False, False)])
+    assert ok_first
     assert ok
     stop = res["stopped"][0]
     assert stop["signal"] == "SIGTERM" and 2.0 <= stop["waited_s"] < 20
@@ -176,11 +172,9 @@ def test_runs_sharing_a_gpu_are_stopped_first(ansible, runs_root, tmp_path):
     for index in (1, 5, 6, 7):  # without NVML a GPU index needs its device file (stand-ins for /dev/nvidiaN)
         (tmp_path / ("gpu%d" % index)).write_text("")
     a = args(runs_root, name="old", gpus=[5, 6], gpu_device_pattern=str(dev), trainer_args={"tag": "t-gpu-old"})
-    ok, old = ansible.module("dflash.ops.training_run", a)
     b = args(runs_root, name="other", gpus=[1], gpu_device_pattern=str(dev), trainer_args={"tag": "t-gpu-other"})
-    ok, other = ansible.module("dflash.ops.training_run", b)
     c = args(runs_root, name="new", gpus=[6, 7], gpu_device_pattern=str(dev), trainer_args={"tag": "t-gpu-new"})
-    ok, new = ansible.module("dflash.ops.training_run", c)
+    (_, old), (_, other), (ok, new) = ansible.modules(TR, [(x, False, False) for x in (a, b, c)])  # one run
     assert ok and [s["run"] for s in new["stopped"]] == ["old"]
     assert live_pids_with(marker("t-gpu-old")) == []
     assert live_pids_with(marker("t-gpu-other")) == [other["pid"]]
@@ -210,14 +204,14 @@ def test_stray_gpu_holder_times_out_naming_its_pid(ansible, runs_root, tmp_path)
 def test_status_reports_alive_then_dead(ansible, runs_root):
     # no periodic checkpoint: its heartbeat says "checkpointing" for a moment, which a loaded machine caught
     # (a fresh clone of b029633, 2026-12-06)
-    ok, first = ansible.module("dflash.ops.training_run",
-                               args(runs_root, trainer_args={"tag": "t-st", "ckpt_every": 0}))
-    ok, st = ansible.module("dflash.ops.training_run", args(runs_root, state="status"))
+    (_, first), (ok, st) = ansible.modules(TR, [  # one ansible-playbook run
+        (args(runs_root, trainer_args={"tag": "t-st", "ckpt_every": 0}), False, False),
+        (args(runs_root, state="status"), False, False)])
     assert ok and st["alive"] and st["pid"] == first["pid"] and st["phase"] == "training"
     assert st["heartbeat_age_s"] < 5 and not st["changed"]
     os.killpg(first["pid"], 9)
     time.sleep(0.3)
-    ok, st = ansible.module("dflash.ops.training_run", args(runs_root, state="status"))
+    (ok, st), (ok_stop, stop) = ansible.modules(TR, [  # one ansible-playbook run
+        (args(runs_root, state="status"), False, False), (args(runs_root, state="stopped"), False, False)])
     assert ok and not st["alive"] and st["phase"] == "dead" and st["dead_since"] > 0
-    ok, st = ansible.module("dflash.ops.training_run", args(runs_root, state="stopped"))
-    assert ok and not st["changed"]
+    assert ok_stop and not stop["changed"]
