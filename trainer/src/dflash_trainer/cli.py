@@ -36,7 +36,7 @@ import traceback
 
 from dflash_trainer.config import (StartupError, TrainConfig, declared_default, env_fields, flag_fields,
                                    option_name, parse_inverted_switch, validate_paths)
-from dflash_trainer.failures import ExplainedFailure
+from dflash_trainer.failures import ExplainedFailure, failure_line
 from dflash_trainer.telemetry.heartbeat import Heartbeat, write_json_atomic
 
 PROG = "dflash-train"
@@ -217,7 +217,7 @@ def _fail(e: BaseException, heartbeat: Heartbeat) -> int:
         message = " ".join(str(e).split())
     else:
         traceback.print_exc()
-        message = " ".join(f"{type(e).__name__}: {e}".split())
+        message = failure_line(e)
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     heartbeat.set_phase("failed", error=message)
     return 130 if isinstance(e, KeyboardInterrupt) else 1

@@ -50,7 +50,7 @@ from dflash_trainer.config import StartupError, TrainConfig, validate_paths
 from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
 from dflash_trainer.distributed.ranks import log, run_drafter, run_target
 from dflash_trainer.distributed.world import World, close_world, init_world, remove_pid_file, write_end_file
-from dflash_trainer.failures import ExplainedFailure
+from dflash_trainer.failures import ExplainedFailure, failure_line
 from dflash_trainer.telemetry.heartbeat import RESERVE_NAME, Heartbeat
 from dflash_trainer.distributed.hs_queue import batch_tap_bytes, check_host_memory, mem_available
 from dflash_trainer.loop.plan import StepPlan
@@ -152,7 +152,7 @@ def _report_failure(cfg: TrainConfig, world: World, heartbeat, e: BaseException)
     """The failed rank's lines in the log and, on rank 0, the `failed` heartbeat (called inside the except);
     returns this rank's error line."""
     explained = isinstance(e, (StartupError, ExplainedFailure))  # a refusal, a full disk: the line says it all
-    message = " ".join((str(e) if explained else f"{type(e).__name__}: {e}").split())
+    message = " ".join(str(e).split()) if explained else failure_line(e)
     first = _first_error(world, f"rank {world.rank}: {message}")
     try:  # as in one process: a full disk leaves room for the lines below and the `failed` heartbeat
         os.unlink(os.path.join(cfg.run_dir, RESERVE_NAME))
