@@ -9,15 +9,6 @@ import ansible_runner
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The stand-in trainer shared with the container harness (fault switches: see its docstring).
 FAKE = os.path.join(ROOT, "tests", "harness", "fake_trainer.py")
-PLAYBOOK = """---
-- name: Module under test
-  hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: module under test
-      %s:
-      args: "{{ module_args }}"
-"""
 # Ansible.modules: the play, then one task a call
 BATCH_PLAYBOOK = """---
 - name: Module under test, several calls
@@ -55,7 +46,7 @@ def module_result(events):
 
 
 class Ansible(object):
-    """Calls one module through a real ansible-playbook run and returns (ok, result)."""
+    """Calls a module through a real ansible-playbook run: (ok, result) of each call."""
 
     def __init__(self, tmp_path):
         self.tmp = tmp_path
@@ -63,24 +54,8 @@ class Ansible(object):
         self.lock = threading.Lock()
 
     def module(self, name, args, check=False, diff=False):
-        with self.lock:
-            self.count += 1
-            data_dir = self.tmp / ("runner-%d" % self.count)
-        (data_dir / "project").mkdir(parents=True)
-        (data_dir / "project" / "play.yml").write_text(PLAYBOOK % name)
-        r = ansible_runner.run(
-            private_data_dir=str(data_dir), playbook="play.yml", quiet=True,
-            extravars={"module_args": args},
-            cmdline=" ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on) or None,
-            envvars=dict(RUNNER_ENV, ANSIBLE_PYTHON_INTERPRETER=sys.executable),
-            inventory="localhost ansible_connection=local",
-            settings={"suppress_ansible_output": True},
-        )
-        results = [(e["event"] == "runner_on_ok", e["event_data"]["res"]) for e in r.events
-                   if e.get("event") in ("runner_on_ok", "runner_on_failed")
-                   and e["event_data"].get("task") == "module under test"]
-        assert results, "no result from the module (runner status %s): %s" % (r.status, r.stdout.read()[-2000:])
-        return results[-1]
+        """One call of a module: (ok, result)."""
+        return self.modules(name, [(args, check, diff)])[0]
 
     def modules(self, name, calls):
         """Several calls of one module as the tasks of one ansible-playbook run, in order (one start of Ansible, not
