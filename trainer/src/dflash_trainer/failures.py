@@ -8,8 +8,8 @@ import traceback
 
 # Where a traceback passes when torch.compile raised: its compiler (dynamo, AOT autograd, inductor) or the code
 # inductor generated (kept in its cache directory, torchinductor_<user>).
-COMPILE_FRAMES = tuple(os.sep.join(("torch", part, "")) for part in ("_dynamo", "_inductor"))
-COMPILE_FRAMES += (os.sep.join(("torch", "_functorch", "_aot_autograd", "")), "torchinductor_")
+COMPILE_FRAMES = (os.path.join("torch", "_dynamo", ""), os.path.join("torch", "_inductor", ""),
+                  os.path.join("torch", "_functorch", "_aot_autograd", ""), "torchinductor_")
 
 
 class ExplainedFailure(Exception):
