@@ -126,7 +126,7 @@ def test_queue_memory_check_refuses_with_the_numbers(tmp_path, monkeypatch):
 
 def test_sigkilled_rank_ends_the_job_naming_it(tiny, tmp_path):
     out = tmp_path / "out"
-    proc = start(torchrun_cmd(tiny, out, 3, 1, "--epochs", "50"), tmp_path / "log")
+    proc = start(torchrun_cmd(tiny, out, 3, 1, "--epochs", "50"), tmp_path / "log", env={"DFLASH_STOP_REPORT_S": "1"})
     try:
         pids = rank_pids(out, 3)
         wait_for(lambda: len(read_metrics(out)) >= 3, proc=proc, timeout=120)
@@ -137,6 +137,12 @@ def test_sigkilled_rank_ends_the_job_naming_it(tiny, tmp_path):
         stalled = hb["ranks"]["2"]
         assert hb["updated_at"] - stalled["updated_at"] > 1.0, hb
         assert stalled["step"] <= hb["ranks"]["1"]["step"], hb
+        # the other drafter cannot stop without it (they agree on the stop): 1 s after SIGTERM its log shows
+        # where its threads wait (stop_report.py), though its main thread is blocked inside a collective
+        os.kill(pids[1], signal.SIGTERM)
+        report = f"dflash-train: pid {pids[1]} is still stopping 1 s after SIGTERM"
+        in_loop = os.path.join("dflash_trainer", "loop", "")
+        wait_for(lambda: in_loop in (tmp_path / "log").read_text().partition(report)[2], timeout=20)
         os.kill(pids[2], signal.SIGKILL)
         t0 = time.time()
         status = proc.wait(timeout=30)
@@ -146,6 +152,7 @@ def test_sigkilled_rank_ends_the_job_naming_it(tiny, tmp_path):
             proc.kill()
     log = (tmp_path / "log").read_text()
     assert status != 0 and took < 30
+    assert "Current thread" in log.partition(report)[2]  # faulthandler's dump of every thread
     # torchrun's failure summary lists every failed rank; the killed one with its signal (the root cause may be
     # a peer whose collective broke first, whichever the agent observed first)
     summary = log.split("FAILED")[-1]
@@ -175,7 +182,8 @@ def test_sigterm_checkpoints_then_resume_in_another_world_repeats_and_skips_noth
         if first.poll() is None:
             first.kill()
     saved = find_latest(str(out))
-    assert saved, (tmp_path / "log1").read_text()[-3000:]
+    # a stop that hangs prints each rank's stacks 20 s after SIGTERM (stop_report.py), 10 s before torchrun's SIGKILL
+    assert saved, (tmp_path / "log1").read_text()[-15000:]
     step = int(os.path.basename(saved).split("-")[1])
     assert 3 <= step < STEPS
     assert [r[0] for r in losses(out)] == list(range(1, step + 1))

@@ -37,6 +37,7 @@ import traceback
 from dflash_trainer.config import (StartupError, TrainConfig, declared_default, env_fields, flag_fields,
                                    option_name, parse_inverted_switch, validate_paths)
 from dflash_trainer.failures import ExplainedFailure, failure_line
+from dflash_trainer import stop_report
 from dflash_trainer.telemetry.heartbeat import Heartbeat, write_json_atomic
 
 PROG = "dflash-train"
@@ -196,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM only sets a flag: the loop finishes its step, checkpoints and exits 0.
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    stop_report.watch(cfg.stop_report_s)
 
     try:
         validate_paths(cfg)

@@ -215,6 +215,10 @@ class TrainConfig:
                                                 "transformers' torch fallback on a GPU (2.3x slower per layer "
                                                 "on an H200; refused at start otherwise): the fast kernels are the "
                                                 "trainer's fla extra (pip install 'dflash_trainer[fla]')")
+    stop_report_s: float = env_knob(20.0, env="DFLASH_STOP_REPORT_S", parse=parse_seconds, check=at_least(0),
+                                    help="seconds after SIGTERM at which a process that is still stopping prints "
+                                         "each thread's stack to its log (0: never); under torchrun keep it below "
+                                         "--shutdown-timeout (30 by default), which SIGKILLs the ranks")
     eager_head_loss: bool = env_knob(False, env="DFLASH_EAGER_HEAD_LOSS", parse=parse_switch,
                                      help="1 runs the head loss eagerly (0: compiled on CUDA); loss.py reads the "
                                           "variable at each call")

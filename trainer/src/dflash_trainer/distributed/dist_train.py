@@ -51,6 +51,7 @@ from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
 from dflash_trainer.distributed.ranks import log, run_drafter, run_target
 from dflash_trainer.distributed.world import World, close_world, init_world, remove_pid_file, write_end_file
 from dflash_trainer.failures import ExplainedFailure, failure_line
+from dflash_trainer import stop_report
 from dflash_trainer.telemetry.heartbeat import RESERVE_NAME, Heartbeat
 from dflash_trainer.distributed.hs_queue import batch_tap_bytes, check_host_memory, mem_available
 from dflash_trainer.loop.plan import StepPlan
@@ -245,6 +246,7 @@ def main(cfg: TrainConfig) -> int:
     """One rank of a torchrun job; dflash-train's entry comes here when WORLD_SIZE > 1."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    stop_report.watch(cfg.stop_report_s)
     try:
         world = init_world(cfg)
     except StartupError as e:
