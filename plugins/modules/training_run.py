@@ -116,7 +116,10 @@ options:
     type: bool
     default: false
   stop_timeout:
-    description: Seconds a stopping run gets after SIGTERM (to checkpoint) before SIGKILL.
+    description:
+      - Seconds a stopping run gets after SIGTERM (to checkpoint) before SIGKILL.
+      - The trainer is launched with C(DFLASH_STOP_REPORT_S) at nine tenths of it (unless O(env) sets it), so a stop
+        that hangs prints where each of its threads waits to the run's log just before the SIGKILL.
     type: float
     default: 120
   gpu_release_timeout:

@@ -24,11 +24,11 @@ def test_hostile_values_reach_the_trainer_literally(ansible, runs_root, tmp_path
     pwned = tmp_path / "pwned"
     values = [v.format(pwned=pwned) for v in HOSTILE]
     env = dict(("V%d" % i, v) for i, v in enumerate(values))
-    env["FAKE_SHOW_ENV"] = ",".join(sorted(env))
+    env["FAKE_SHOW_ENV"] = ",".join(sorted(env) + ["DFLASH_STOP_REPORT_S"])
     trainer_args = dict(("arg%d" % i, v) for i, v in enumerate(values))
     ok, res = ansible.module("dflash.ops.training_run", {
         "name": "literal", "transport": "local", "runs_root": str(runs_root), "command": [FAKE],
-        "env": env, "trainer_args": trainer_args, "cwd": str(tmp_path)})
+        "env": env, "trainer_args": trainer_args, "cwd": str(tmp_path), "stop_timeout": 40})
     assert ok, res.get("msg")
     seen = starts(runs_root / "literal")[0]
     for i, v in enumerate(values):
@@ -37,8 +37,10 @@ def test_hostile_values_reach_the_trainer_literally(ansible, runs_root, tmp_path
     assert not pwned.exists()
     # Nothing of the caller's environment leaks in: only what was given, plus PATH and the run's own.
     # (LC_CTYPE: the fake trainer's own Python sets it at start when no locale is given, PEP 538.)
+    # and when a stop that hangs prints each thread's stack: at nine tenths of the stop timeout, before the SIGKILL
     assert set(seen["env_names"]) - {"LC_CTYPE"} == set(env) | {"PATH", "DFLASH_RUN_DIR", "DFLASH_RUN_NAME",
-                                                                 "DFLASH_LAUNCH_REASON"}
+                                                                 "DFLASH_LAUNCH_REASON", "DFLASH_STOP_REPORT_S"}
+    assert seen["env"]["DFLASH_STOP_REPORT_S"] == "36"
 
 
 @pytest.mark.parametrize("bad,msg", [
@@ -63,10 +65,12 @@ def test_secrets_never_land_in_argv_logs_or_launch_json(ansible, runs_root):
     secret = "s3cr3t-Value-4b1d"
     ok, res = ansible.module("dflash.ops.training_run", {
         "name": "sec", "transport": "local", "runs_root": str(runs_root), "command": [FAKE],
-        "secret_env": {"WANDB_API_KEY": secret}, "env": {"FAKE_HASH_ENV": "WANDB_API_KEY"}})
+        "secret_env": {"WANDB_API_KEY": secret},
+        "env": {"FAKE_HASH_ENV": "WANDB_API_KEY", "FAKE_SHOW_ENV": "DFLASH_STOP_REPORT_S", "DFLASH_STOP_REPORT_S": "5"}})
     assert ok, res.get("msg")
     run_dir = runs_root / "sec"
     seen = starts(run_dir)[0]
+    assert seen["env"]["DFLASH_STOP_REPORT_S"] == "5"  # a run's env sets it over the stop timeout's nine tenths
     import hashlib
     assert seen["secret_sha"]["WANDB_API_KEY"] == hashlib.sha256(secret.encode()).hexdigest()
     assert secret not in json.dumps(res)

@@ -36,10 +36,21 @@ def launch_path(req):
 NODE_RANKS_ENV = "DFLASH_NODE_RANKS"  # the trainer's variable for each node's rank count (distributed/nodes.py)
 
 
+# The trainer's variable for when a stop still under way prints every thread's stack to the log (stop_report.py):
+# at nine tenths of the stop timeout, so a stop that hangs shows where just before the lifecycle (or torchrun, whose
+# --shutdown-timeout is the same) SIGKILLs it, and a long but healthy checkpoint save prints nothing. A run's env
+# may set it itself.
+STOP_REPORT_ENV = "DFLASH_STOP_REPORT_S"
+STOP_REPORT_FRACTION = 0.9
+
+
 def launch_env(req, secrets=True):
-    """The trainer's environment: PATH, the run's env (and secret env), the run contract's two variables; for a
-    job over nodes, each node's rank count (torchrun tells a rank only its own node's, the layout needs all)."""
+    """The trainer's environment: PATH, when a hanging stop reports, the run's env (and secret env), the run
+    contract's two variables; for a job over nodes, each node's rank count (torchrun tells a rank only its own
+    node's, the layout needs all)."""
     env = {"PATH": LAUNCH_PATH}
+    if req.get("stop_timeout"):
+        env[STOP_REPORT_ENV] = "%g" % (STOP_REPORT_FRACTION * req["stop_timeout"])
     env.update(dict((k, str(v)) for k, v in (req.get("env") or {}).items()))
     if secrets:
         env.update(dict((k, str(v)) for k, v in (req.get("secret_env") or {}).items()))
