@@ -10,13 +10,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The stand-in trainer shared with the container harness (fault switches: see its docstring).
 FAKE = os.path.join(ROOT, "tests", "harness", "fake_trainer.py")
 # Ansible.modules: the play, then one task a call
-BATCH_PLAYBOOK = """---
+MODULE_PLAY = """---
 - name: Module under test, several calls
   hosts: localhost
   gather_facts: false
   tasks:
 """
-BATCH_TASK = """    - name: module under test %d
+MODULE_TASK = """    - name: module under test %d
       %s:
       args: "{{ module_calls[%d] }}"
       check_mode: %s
@@ -65,8 +65,8 @@ class Ansible(object):
             self.count += 1
             data_dir = self.tmp / ("runner-%d" % self.count)
         (data_dir / "project").mkdir(parents=True)
-        tasks = "".join(BATCH_TASK % (i, name, i, check, diff) for i, (_, check, diff) in enumerate(calls))
-        (data_dir / "project" / "play.yml").write_text(BATCH_PLAYBOOK + tasks)
+        tasks = "".join(MODULE_TASK % (i, name, i, check, diff) for i, (_, check, diff) in enumerate(calls))
+        (data_dir / "project" / "play.yml").write_text(MODULE_PLAY + tasks)
         r = ansible_runner.run(
             private_data_dir=str(data_dir), playbook="play.yml", quiet=True,
             extravars={"module_calls": [args for args, _, _ in calls]},
@@ -80,7 +80,6 @@ class Ansible(object):
         assert all(results), "no result from call %d of the module (runner status %s): %s" % (
             results.index(None), r.status, r.stdout.read()[-2000:])
         return results
-
 
 
 def starts(run_dir):
