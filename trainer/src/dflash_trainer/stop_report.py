@@ -19,22 +19,28 @@ import threading
 import time
 
 
+# The wakeup fd's socketpair, open for the life of the process: Python's C-level handler writes to that fd number
+# at every signal it catches, so closing it (as a thread's end would) could send those bytes into whatever file
+# reuses the number. A later watch() replaces it; the old writer then closes and the old thread's recv ends.
+_wakeup: tuple[socket.socket, socket.socket] | None = None
+
+
 def watch(after_s: float) -> None:
     """Called from the main thread; `after_s` seconds after SIGTERM, if this process still runs, its threads'
     stacks go to stderr (the run's log). 0: never."""
+    global _wakeup
     if after_s <= 0:
         return
     reader, writer = socket.socketpair()
     writer.setblocking(False)  # set_wakeup_fd needs it: a signal handler must never block on a full buffer
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-    threading.Thread(target=_report_when_stalled, args=(reader, writer, after_s), name="stop-report",
-                     daemon=True).start()
+    _wakeup = (reader, writer)
+    threading.Thread(target=_report_when_stalled, args=(reader, after_s), name="stop-report", daemon=True).start()
 
 
-def _report_when_stalled(reader: socket.socket, writer: socket.socket, after_s: float) -> None:
-    # `writer` is held here so that its fd stays open for as long as the wakeup fd may be written
+def _report_when_stalled(reader: socket.socket, after_s: float) -> None:
     while True:
-        signals = reader.recv(64)  # one byte per signal caught
+        signals = reader.recv(64)  # one byte per signal caught; b"" once a later watch() closed the writer
         if not signals:
             return
         if signal.SIGTERM in signals:
@@ -43,4 +49,3 @@ def _report_when_stalled(reader: socket.socket, writer: socket.socket, after_s: 
     print(f"dflash-train: pid {os.getpid()} is still stopping {after_s:g} s after SIGTERM; where each thread is "
           f"(DFLASH_STOP_REPORT_S sets when this is printed, 0 never):", file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    del writer
