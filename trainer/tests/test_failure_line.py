@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from dflash_trainer.failures import failure_line
@@ -29,8 +30,12 @@ COMPILE_WITHOUT_A_COMPILER = textwrap.dedent("""
 """)
 
 
-def test_a_failure_inside_torch_compile_names_the_eager_switches(tmp_path):
+@pytest.mark.parametrize("mix_order_reduction", [None, "0"])
+def test_a_failure_inside_torch_compile_names_the_eager_switches(tmp_path, mix_order_reduction):
     env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TORCHINDUCTOR_MIX_ORDER_REDUCTION", None)
+    if mix_order_reduction is not None:
+        env["TORCHINDUCTOR_MIX_ORDER_REDUCTION"] = mix_order_reduction
     out = subprocess.run([sys.executable, "-c", COMPILE_WITHOUT_A_COMPILER], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -38,7 +43,12 @@ def test_a_failure_inside_torch_compile_names_the_eager_switches(tmp_path):
     assert "\n" not in line
     assert line.startswith("InductorError: ") and "No working C++ compiler" in line, line
     assert "raised inside torch.compile" in line
-    assert "rerun with DFLASH_EAGER_LAYERS=1" in line and "DFLASH_EAGER_HEAD_LOSS=1" in line
+    assert "DFLASH_EAGER_LAYERS=1" in line and "DFLASH_EAGER_HEAD_LOSS=1" in line
+    # the switch that keeps the layers compiled comes first, unless the run already has it
+    if mix_order_reduction is None:
+        assert "rerun with TORCHINDUCTOR_MIX_ORDER_REDUCTION=0 " in line and "else with DFLASH_EAGER_LAYERS=1" in line
+    else:
+        assert "MIX_ORDER" not in line and "rerun with DFLASH_EAGER_LAYERS=1" in line
 
 
 def test_an_eager_failure_keeps_its_plain_line():
