@@ -9,7 +9,7 @@ import torch
 import proofs.slot1_confidence as slot1_confidence
 from dflash_trainer.eval.replay import replay, replay_dflash
 from dflash_trainer.eval.spec_decode import reference_greedy
-from proofs.slot1_confidence import anchor_hits, buckets
+from proofs.slot1_confidence import MIN_AGREEMENT, anchor_hits, buckets
 from test_spec_decode import BLOCK, drafter, target  # noqa: F401 - the tiny target and its random drafter
 
 PROMPTS = [[5, 17, 33, 2, 90, 41], [300, 301, 302, 303, 300, 301, 302], list(range(40, 70))]
@@ -18,8 +18,9 @@ PROMPTS = [[5, 17, 33, 2, 90, 41], [300, 301, 302, 303, 300, 301, 302], list(ran
 def test_hits_are_the_replayed_steps_that_accept_slot_1_and_confidence_is_the_targets(target, drafter):
     for prompt in PROMPTS:
         reference = reference_greedy(target, prompt, 20).tokens
-        confidence, hits = anchor_hits(target, drafter, prompt, reference)
-        assert len(confidence) == len(hits) == len(reference) - 1
+        confidence, hits, agrees = anchor_hits(target, drafter, prompt, reference)
+        assert len(confidence) == len(hits) == len(agrees) == len(reference) - 1
+        assert sum(agrees) >= MIN_AGREEMENT * len(agrees)  # the prompt's own greedy decode
         replayed = replay_dflash(target, drafter, prompt, reference, BLOCK, len(reference))
         assert hits[:-1] == [length >= 2 for length in replayed.anchor_lengths[:len(reference) - 2]]
         tokens = prompt + reference
@@ -39,13 +40,20 @@ def test_hits_align_each_anchor_with_the_next_reference_token(target, drafter, m
     full = prompt + reference + [0] * BLOCK
     drafts = torch.tensor([[t if (a + 1 + i) % 3 else (t + 1) % vocab for i, t in enumerate(full[a + 1:a + BLOCK])]
                            for a in range(start, start + len(reference))])
-    monkeypatch.setattr(slot1_confidence, "dflash_drafts", lambda *_: drafts)
-    _, hits = anchor_hits(target, drafter, prompt, reference)
+    real = slot1_confidence.dflash_drafts_and_target_logits
+    monkeypatch.setattr(slot1_confidence, "dflash_drafts_and_target_logits", lambda *a: (drafts, real(*a)[1]))
+    _, hits, _ = anchor_hits(target, drafter, prompt, reference)
     replayed = replay(prompt, reference, lambda anchor, _t, num: drafts[anchor - start][:num].tolist(), BLOCK,
                       len(reference))
     # (at the last anchor, r_{N-2}, the decode has one token left to make and drafts nothing)
     assert hits[:-1] == [length >= 2 for length in replayed.anchor_lengths[:len(reference) - 2]]
     assert 0 < sum(hits) < len(hits)
+
+
+def test_another_prompts_reference_fails_the_agreement_check(target, drafter):
+    reference = reference_greedy(target, PROMPTS[2], 20).tokens
+    _, _, agrees = anchor_hits(target, drafter, PROMPTS[0], reference)  # PROMPTS[2]'s decode after PROMPTS[0]
+    assert sum(agrees) < MIN_AGREEMENT * len(agrees)
 
 
 def test_buckets_count_each_anchor_once_and_share_the_misses():

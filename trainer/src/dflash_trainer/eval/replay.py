@@ -71,10 +71,17 @@ def accept_length_by_position(results: list[DecodeResult]) -> dict[str, float | 
     return out
 
 
-@torch.no_grad()
 def dflash_drafts(model, drafter, prompt: list[int], reference: list[int]) -> torch.Tensor:
     """[N, B-1]: the drafter's drafts (argmax of slots 1..B-1) at the anchor of every reference token, from one
     target forward over prompt + R (but its last token) and drafter forwards of up to ANCHORS_PER_FORWARD blocks."""
+    return dflash_drafts_and_target_logits(model, drafter, prompt, reference)[0]
+
+
+@torch.no_grad()
+def dflash_drafts_and_target_logits(model, drafter, prompt: list[int],
+                                    reference: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """dflash_drafts' drafts and the logits of its one target forward, [P + N - 1, V] (position i predicts token
+    i + 1 of prompt + R), for a caller that also reads the target's own predictions (proofs/slot1_confidence.py)."""
     device = next(model.parameters()).device
     d = drafter
     ids = torch.tensor([list(prompt) + list(reference)], device=device)
@@ -91,7 +98,7 @@ def dflash_drafts(model, drafter, prompt: list[int], reference: list[int]) -> to
         mask = dense_block_mask(anchors, valid, T, B)
         logits = d.logits(d(taps, block_ids, block_pos, mask)[0])  # [A * B, V]
         drafts.append(logits.view(anchors.shape[1], B, -1)[:, 1:].argmax(-1))
-    return torch.cat(drafts)
+    return torch.cat(drafts), out.logits[0]
 
 
 def replay_dflash(model, drafter, prompt: list[int], reference: list[int], block_size: int,
