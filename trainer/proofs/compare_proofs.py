@@ -9,6 +9,9 @@ inside that is no lever's effect, whatever its interval.
 
     python -m proofs.compare_proofs REFERENCE.json LEVER.json [--snapshot 5] [--resamples 10000] [--seed 0]
 
+A longer budget against a shorter one (what doubling the minutes gives) compares two snapshots of other minutes:
+`--snapshot 10 --lever-snapshot 20` takes the reference's at 10 and the lever's at 20.
+
 The two must share their prompts and references: the baseline's prompt lookup is deterministic, so its steps per
 prompt, in both files, must be equal (else the proofs had another split, other prompts or another target).
 """
@@ -37,13 +40,21 @@ def common_minutes(ref_proof: dict, lever_proof: dict) -> float:
     return common[-1]
 
 
-def snapshot(proof: dict, minutes: float, name: str) -> dict:
+def snapshot_minutes(proof: dict) -> float:
+    """The minutes of a proof's last snapshot (the reference's default when the lever's snapshot is named)."""
+    snaps = proof.get("snapshots") or []
+    if not snaps:
+        raise Mismatch("the reference has no snapshot: compare proofs that evaluated one")
+    return snaps[-1]["minutes"]
+
+
+def snapshot(proof: dict, minutes: float, name: str, flag: str = "--snapshot") -> dict:
     snaps = proof.get("snapshots") or []
     for s in snaps:
         if abs(s["minutes"] - minutes) < 1e-9:
             return s
     have = ", ".join(f"{s['minutes']:g}" for s in snaps) or "none"
-    raise Mismatch(f"{name} has no snapshot at {minutes:g} min (it has {have}): pass one of those to --snapshot")
+    raise Mismatch(f"{name} has no snapshot at {minutes:g} min (it has {have}): pass one of those to {flag}")
 
 
 def tau(steps: list[int], accepted: list[int], draw: list[int]) -> float:
@@ -66,12 +77,15 @@ def paired_interval(ref: dict, lever: dict, resamples: int, seed: int) -> tuple[
 
 
 def compare(ref_proof: dict, lever_proof: dict, minutes: float | None = None, resamples: int = 10000,
-            seed: int = 0) -> list[dict]:
-    """One row per set both proofs evaluated, at `minutes` (default: the last snapshot both took)."""
+            seed: int = 0, lever_minutes: float | None = None) -> list[dict]:
+    """One row per set both proofs evaluated, at `minutes` (default: the last snapshot both took); the lever's
+    snapshot at `lever_minutes` where given (a longer budget against a shorter one)."""
     if minutes is None:
-        minutes = common_minutes(ref_proof, lever_proof)
+        minutes = common_minutes(ref_proof, lever_proof) if lever_minutes is None else snapshot_minutes(ref_proof)
+    flag = "--snapshot" if lever_minutes is None else "--lever-snapshot"
+    lever_minutes = minutes if lever_minutes is None else lever_minutes
     ref_snap = snapshot(ref_proof, minutes, "the reference")
-    lever_snap = snapshot(lever_proof, minutes, "the lever")
+    lever_snap = snapshot(lever_proof, lever_minutes, "the lever", flag)
     rows = []
     for name in SETS:
         ref, lever = ref_snap.get(result_key("eval", name)), lever_snap.get(result_key("eval", name))
@@ -88,7 +102,7 @@ def compare(ref_proof: dict, lever_proof: dict, minutes: float | None = None, re
                            f"they were evaluated on other prompts or references: compare proofs of the same target, "
                            f"data and --seed")
         lo, hi, above = paired_interval(ref, lever, resamples, seed)
-        rows.append({"set": name, "minutes": minutes, "prompts": len(ref["prompt_steps"]), "tau_reference": ref["tau"],
+        rows.append({"set": name, "minutes": minutes, "lever_minutes": lever_minutes, "prompts": len(ref["prompt_steps"]), "tau_reference": ref["tau"],
                      "tau_lever": lever["tau"], "delta": lever["tau"] - ref["tau"], "interval": [lo, hi],
                      "share_above_zero": above, "steps": [ref_snap["step"], lever_snap["step"]]})
     if not rows:
@@ -98,7 +112,9 @@ def compare(ref_proof: dict, lever_proof: dict, minutes: float | None = None, re
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"after {rows[0]['minutes']:g} min | prompts | steps (reference / lever) | τ reference | τ lever | Δ | "
+    at = rows[0]["minutes"], rows[0]["lever_minutes"]
+    when = f"after {at[0]:g} min" if at[0] == at[1] else f"after {at[0]:g} / {at[1]:g} min"
+    lines = [f"{when} | prompts | steps (reference / lever) | τ reference | τ lever | Δ | "
              f"95 % interval of Δ (prompts resampled) | resamples with Δ > 0",
              "|".join(["---"] * 8)]
     for r in rows:
@@ -114,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("reference", help="the reference proof's proof.json")
     p.add_argument("lever", help="the lever's proof.json (the same prompts)")
     p.add_argument("--snapshot", type=float, default=None, metavar="MINUTES",
-                   help="the snapshot to compare, by its minutes of training (default: the last both took)")
+                   help="the snapshot to compare, by its minutes of training (default: the last both took; with "
+                        "--lever-snapshot, the reference's last)")
+    p.add_argument("--lever-snapshot", type=float, default=None, metavar="MINUTES",
+                   help="the lever's snapshot, where it differs from the reference's (e.g. a 20-minute budget's end "
+                        "against a 10-minute budget's: --snapshot 10 --lever-snapshot 20)")
     p.add_argument("--resamples", type=int, default=10000, help="bootstrap draws (default: 10000)")
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default: 0)")
     args = p.parse_args(argv)
@@ -125,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.lever) as f:
         lever = json.load(f)
     try:
-        rows = compare(ref, lever, args.snapshot, args.resamples, args.seed)
+        rows = compare(ref, lever, args.snapshot, args.resamples, args.seed, args.lever_snapshot)
     except Mismatch as e:
         print(f"compare_proofs: {e}", file=sys.stderr)
         return 2

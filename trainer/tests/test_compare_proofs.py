@@ -14,6 +14,8 @@ from proofs.eval_sets import result_key
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results")
 RUN19_A = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-06-run19-a-reference-5min-budget.json")
 RUN19_B = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-06-run19-b-soft-label-temperature-0.5.json")
+RUN23_A = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-06-run23-a-wsd-gamma-3-anchors-64-10min.json")
+RUN24 = os.path.join(RESULTS, "proof-smollm2-h200-2026-12-06-run24-wsd-gamma-3-anchors-64-20min.json")
 RUN16 = os.path.join(RESULTS, "proof-smollm2-h200-2026-12-04-run16-5min-budget.json")
 
 
@@ -74,6 +76,22 @@ def test_by_default_the_last_snapshot_both_took_is_compared():
     rows = compare(a, longer, resamples=500)
     assert [r["minutes"] for r in rows] == [5.0, 5.0] and rows[0]["steps"] == [1764, 1774]
     assert rows == compare(a, b, resamples=500)
+
+
+def test_a_longer_budget_is_compared_at_its_own_snapshot_and_a_missing_one_names_its_flag(capsys):
+    ten, twenty = load(RUN23_A), load(RUN24)  # a 10-minute budget's end against a 20-minute budget's
+    rows = compare(ten, twenty, resamples=500, lever_minutes=20)
+    assert [(r["minutes"], r["lever_minutes"]) for r in rows] == [(10.0, 20.0)] * 2
+    assert rows[0]["steps"] == [6220, 12777]
+    ends = {key: twenty["snapshots"][-1][result_key("eval", key)]["tau"] for key in ("split", "other_styles")}
+    assert {r["set"]: r["tau_lever"] for r in rows} == ends
+    # without it, the last snapshot both took: the 20-minute run's 10-minute one (taken at the peak rate)
+    assert [r["steps"] for r in compare(ten, twenty, resamples=500)] == [[6220, 6272]] * 2
+    with pytest.raises(Mismatch, match=r"the lever has no snapshot at 15 min \(it has 10, 20\): pass one of those "
+                                       r"to --lever-snapshot"):
+        compare(ten, twenty, lever_minutes=15)
+    assert compare_proofs.main([RUN23_A, RUN24, "--lever-snapshot", "20", "--resamples", "500"]) == 0
+    assert "| after 10 / 20 min |" in capsys.readouterr().out
 
 
 def test_the_command_prints_the_table_or_one_line_naming_the_problem(capsys):
