@@ -102,8 +102,9 @@ def compare(ref_proof: dict, lever_proof: dict, minutes: float | None = None, re
                            f"they were evaluated on other prompts or references: compare proofs of the same target, "
                            f"data and --seed")
         lo, hi, above = paired_interval(ref, lever, resamples, seed)
-        rows.append({"set": name, "minutes": minutes, "lever_minutes": lever_minutes, "prompts": len(ref["prompt_steps"]), "tau_reference": ref["tau"],
-                     "tau_lever": lever["tau"], "delta": lever["tau"] - ref["tau"], "interval": [lo, hi],
+        rows.append({"set": name, "minutes": minutes, "lever_minutes": lever_minutes,
+                     "prompts": len(ref["prompt_steps"]), "tau_reference": ref["tau"], "tau_lever": lever["tau"],
+                     "delta": lever["tau"] - ref["tau"], "interval": [lo, hi],
                      "share_above_zero": above, "steps": [ref_snap["step"], lever_snap["step"]]})
     if not rows:
         raise Mismatch("no held-out set was evaluated in both proofs at that snapshot: compare proofs that "
