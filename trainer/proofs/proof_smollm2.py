@@ -57,6 +57,7 @@ from dflash_trainer.prep.prepare_data import add_regeneration_flags, check_regen
 from dflash_trainer.prep.synthesize import read_system_prompts, synthesize_prompts
 
 from . import proof_eval, proof_report
+from .stale_answers import set_aside_other_prompts
 
 T0 = time.time()
 
@@ -178,6 +179,8 @@ def add_synthesized(args, cfg, out: str, data_dir: str, stats: dict, eval_prompt
                                reuse_only=shared, log=log, decoding=decoding_of(args, prefix="regen-"))
     log(f"synthesized prompts: {json.dumps(synth)}")
     synth_dir = os.path.join(out, "data", "synth")
+    if not shared:  # a carried data/synth of another synthesis (another --synthesize-prompts): set aside, kept
+        set_aside_other_prompts(synth_dir, prompts, log=log)
     answered = prepare(cfg.target_model, [prompts], synth_dir, device=device, **regen_kwargs(args, cfg, shared))
     return beside(out, data_dir, "synth", synth_dir), dict(stats, synthesized={"prompts": synth, "data": answered})
 
@@ -187,6 +190,8 @@ def add_extra(args, cfg, out: str, data_dir: str, stats: dict, eval_prompts: str
     """--extra-prompts FILE: another prompt set, answered like the others (its own preparation, data/extra; rows that
     overlap either held-out set refused) and trained on beside them. Returns (data dir, stats)."""
     extra_dir = os.path.join(out, "data", "extra")
+    if not shared:  # a carried data/extra of another --extra-prompts file: set aside, kept
+        set_aside_other_prompts(extra_dir, os.path.abspath(args.extra_prompts), log=log)
     kw = dict(regen_kwargs(args, cfg, shared), held_out=(args.other_styles, eval_prompts))
     answered = prepare(cfg.target_model, [os.path.abspath(args.extra_prompts)], extra_dir, device=device, **kw)
     return beside(out, data_dir, "extra", extra_dir), dict(stats, extra=answered)
