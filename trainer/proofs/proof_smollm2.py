@@ -189,11 +189,11 @@ def add_extra(args, cfg, out: str, data_dir: str, stats: dict, eval_prompts: str
               shared: bool) -> tuple[str, dict]:
     """--extra-prompts FILE: another prompt set, answered like the others (its own preparation, data/extra; rows that
     overlap either held-out set refused) and trained on beside them. Returns (data dir, stats)."""
-    extra_dir = os.path.join(out, "data", "extra")
+    extra_dir, extra_prompts = os.path.join(out, "data", "extra"), os.path.abspath(args.extra_prompts)
     if not shared:  # a carried data/extra of another --extra-prompts file: set aside, kept
-        set_aside_other_prompts(extra_dir, os.path.abspath(args.extra_prompts), log=log)
+        set_aside_other_prompts(extra_dir, extra_prompts, log=log)
     kw = dict(regen_kwargs(args, cfg, shared), held_out=(args.other_styles, eval_prompts))
-    answered = prepare(cfg.target_model, [os.path.abspath(args.extra_prompts)], extra_dir, device=device, **kw)
+    answered = prepare(cfg.target_model, [extra_prompts], extra_dir, device=device, **kw)
     return beside(out, data_dir, "extra", extra_dir), dict(stats, extra=answered)
 
 

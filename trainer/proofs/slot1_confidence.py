@@ -7,9 +7,9 @@ no drafter calls reliably) or where the target is sure (what the drafter has not
 
 EVAL.json is a dflash-eval report of those prompts: its `references` are the target's greedy decodes. The drafts
 come from eval/replay.py's dflash_drafts (the drafter at every anchor at once; the target's probabilities from the
-same target forward), so slot 1 at anchor r_j is accepted
-exactly when the replayed step anchored there accepts at least one token (the last anchor, r_{N-2}, is counted too,
-though a decode has only r_{N-1} left to make there and drafts nothing).
+same target forward), so slot 1 at anchor r_j is accepted exactly when the replayed step anchored there accepts at
+least one token (the last anchor, r_{N-2}, is counted too, though a decode has only r_{N-1} left to make there and
+drafts nothing).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from dflash_trainer.prep.sources import file_sha256
+from dflash_trainer.prep.sources import fingerprint_of
 
 SUPERSEDED = ".superseded"
 
@@ -26,9 +26,10 @@ def set_aside_other_prompts(prep_dir: str, prompt_file: str, log=print) -> str |
             recorded = json.load(f).get("settings", {}).get("input_sha256")
     except FileNotFoundError:
         return None
-    sha = file_sha256(prompt_file)
-    if recorded == [sha]:
+    current = fingerprint_of([prompt_file])["input_sha256"]  # as prepare-data records it
+    if recorded == current:
         return None
+    sha = current[0]
     old = (recorded or ["unrecorded"])[0][:12]
     parent = os.path.join(os.path.dirname(os.path.abspath(prep_dir)), SUPERSEDED)
     os.makedirs(parent, exist_ok=True)
