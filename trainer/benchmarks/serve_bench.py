@@ -76,10 +76,21 @@ def divergences(model, prompts, spec, plain, device) -> list[dict]:
     return out
 
 
-def run(model, drafter, prompts, *, block_size, max_new_tokens, eos, static_cache, tie_margin, warmup) -> dict:
+def split_warmup(prompts: list, num_prompts: int, warmup: int) -> tuple[list, list, bool]:
+    """The measured prompts (the first num_prompts) and the warm-up's: the prompts after them where the file has
+    them, so the timed pass meets shapes a warm server has not seen on these very prompts; else the measured ones'
+    first (the third value says which)."""
+    measured, rest = prompts[:num_prompts], prompts[num_prompts:]
+    if len(rest) >= warmup:
+        return measured, rest[:warmup], True
+    return measured, measured[:warmup], False
+
+
+def run(model, drafter, prompts, *, block_size, max_new_tokens, eos, static_cache, tie_margin,
+        warmup_prompts) -> dict:
     device = next(model.parameters()).device
     proposer = DFlashProposer(drafter)
-    for p in prompts[:warmup]:  # compile / allocator / kernel selection outside the timed passes
+    for p in warmup_prompts:  # compile / allocator / kernel selection outside the timed passes
         plain_decode(model, [p], max_new_tokens, eos, static_cache)
         speculative_decode(model, p, proposer, block_size, max_new_tokens, eos)
     plain, cache = plain_decode(model, prompts, max_new_tokens, eos, static_cache)
@@ -124,6 +135,10 @@ def format_report(r: dict) -> str:
     for row in r["overhead"]:
         lines.append(f"{row['phase']:<12} {row['ms_per_step']:>9.3f} {100 * row['share']:>6.1f}%")
     lines.append(f"wall per step: timed pass {r['timed_ms_per_step']:.3f} ms, profiled pass {r['profiled_ms_per_step']:.3f} ms")
+    if "warmup" in r:
+        w = r["warmup"]
+        lines.append(f"warm-up: {w['prompts']} prompts, " + ("after the measured ones" if w["held_apart"]
+                                                            else "the measured ones' first"))
     return "\n".join(lines)
 
 
@@ -137,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-static-cache", action="store_true", help="plain path: generate's dynamic cache")
     p.add_argument("--tie-margin", type=float, default=0.5, help="logit margin under which a divergence from "
                    "plain decoding is a rounding near-tie")
-    p.add_argument("--warmup", type=int, default=1, help="prompts decoded untimed first, on both paths")
+    p.add_argument("--warmup", type=int, default=1, help="prompts decoded untimed first, on both paths: those "
+                   "after the measured ones where the file has them, else the measured ones' first")
     args = p.parse_args(argv)
     try:
         if args.drafter is None:
@@ -146,12 +162,13 @@ def main(argv: list[str] | None = None) -> int:
             args.device = "cuda" if torch.cuda.is_available() else "cpu"
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda but no CUDA device is visible; pass --device cpu for a function check")
-        if args.num_prompts < 1 or args.max_new_tokens < 2:
-            raise ValueError("--num-prompts must be >= 1 and --max-new-tokens >= 2")
+        if args.num_prompts < 1 or args.max_new_tokens < 2 or args.warmup < 0:
+            raise ValueError("--num-prompts must be >= 1, --max-new-tokens >= 2 and --warmup >= 0")
         device, dtype = torch.device(args.device), getattr(torch, args.dtype)
         model, tokenizer = load_target(args.target_model, device, dtype)
         drafter = load_drafter(args.drafter, model, device, dtype)
-        prompts = load_prompts(args.prompts, tokenizer, args.num_prompts)
+        prompts, warmup_prompts, held_apart = split_warmup(
+            load_prompts(args.prompts, tokenizer, args.num_prompts + args.warmup), args.num_prompts, args.warmup)
     except (ValueError, OSError) as e:
         print(f"serve_bench: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -161,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     report = run(model, drafter, prompts, block_size=args.block_size or drafter.cfg.block_size,
                  max_new_tokens=args.max_new_tokens, eos=eos_ids(args.target_model, model, tokenizer),
-                 static_cache=not args.no_static_cache, tie_margin=args.tie_margin, warmup=args.warmup)
+                 static_cache=not args.no_static_cache, tie_margin=args.tie_margin, warmup_prompts=warmup_prompts)
+    report["warmup"] = {"prompts": len(warmup_prompts), "held_apart": held_apart}
     report["settings"] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                           "dtype": args.dtype, "compile": args.compile, "cuda_graphs": False,
                           "target_model": os.path.abspath(args.target_model),

@@ -45,9 +45,17 @@ def test_serve_bench_cpu_function(tiny, export_and_prompts, capsys):
     assert abs(sum(row["share"] for row in report["overhead"]) - 1) < 1e-6
     assert all(row["ms_per_step"] >= 0 for row in report["overhead"])
     assert report["settings"]["compile"] is False and report["settings"]["cuda_graphs"] is False
+    assert report["warmup"] == {"prompts": 1, "held_apart": False}  # the file has no prompt beyond the 3 measured
     out = capsys.readouterr().out
     for label in ("plain", "speculative", "speedup", "tau", "lossless", "drafter", "verify", "bookkeeping"):
         assert label in out, label
+
+
+def test_warmup_prompts_are_held_apart_from_the_measured_ones_where_the_file_has_them():
+    bench = load_benchmark("benchmarks.serve_bench")
+    assert bench.split_warmup(list("abcdef"), 3, 2) == (list("abc"), list("de"), True)
+    assert bench.split_warmup(list("abcd"), 3, 2) == (list("abc"), list("ab"), False)
+    assert bench.split_warmup(list("abc"), 3, 0) == (list("abc"), [], True)
 
 
 def test_serve_bench_reports_a_divergence_with_its_margin(tiny):
