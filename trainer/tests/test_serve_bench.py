@@ -51,6 +51,29 @@ def test_serve_bench_cpu_function(tiny, export_and_prompts, capsys):
         assert label in out, label
 
 
+def test_repeats_take_turns_and_the_headline_is_the_median_pair(tiny, export_and_prompts, capsys):
+    export, prompts, root = export_and_prompts
+    bench = load_benchmark("benchmarks.serve_bench")
+    rc = bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts, "--num-prompts",
+                     "2", "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32", "--repeats", "3",
+                     "--warmup", "1", "--out", str(root / "repeats.json")])
+    assert rc == 0
+    report = json.load(open(root / "repeats.json"))
+    assert len(report["repeats"]) == 3 and report["repeats_same_tokens"] is True
+    assert report["warmup"] == {"prompts": 1, "held_apart": True}  # the third prompt of the file
+    speedups = sorted(f["speedup"] for f in report["repeats"])
+    assert report["speedup"] == speedups[1]
+    middle = next(f for f in report["repeats"] if f["speedup"] == speedups[1])
+    assert report["plain"]["tokens_per_s"] == middle["plain_tokens_per_s"]
+    assert report["speculative"]["tokens_per_s"] == middle["speculative_tokens_per_s"]
+    assert "median of 3 pairs of timed passes" in capsys.readouterr().out
+    assert bench.median_pair([{"speedup": 2.0}, {"speedup": 1.0}, {"speedup": 3.0}, {"speedup": 2.5}]) == \
+        {"speedup": 2.0}
+    assert bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts,
+                       "--device", "cpu", "--repeats", "0"]) == 2
+    assert "--repeats >= 1" in capsys.readouterr().err
+
+
 def test_warmup_prompts_are_held_apart_from_the_measured_ones_where_the_file_has_them():
     bench = load_benchmark("benchmarks.serve_bench")
     assert bench.split_warmup(list("abcdef"), 3, 2) == (list("abc"), list("de"), True)
