@@ -27,7 +27,7 @@
 #               run 19 carried the three batches its first lease sent as dev-a/data-01.tar.gz, data-02.tar.gz and
 #               dev-b/data-03.tar.gz: gzip -9 made 24.9 MB 18.1 MB, and the 64 MiB count includes the working tree;
 #               xz -9e makes another 12 % less: run 25 carried data-01.tar.xz and data-02.tar.xz, tar reads either;
-#               the tree plus dev-a at 65.4 MB by `du -b` went, at 66.7 MB it was refused: keep some room)
+#               the tree plus dev-a at 65.4 and 65.6 MB by `du -b` went, at 66.7 MB it was refused: keep some room)
 #               (optional) cp <files_at of an earlier watch>/data-baseline.tar .artifacts/dev-a/  (the baseline:
 #               a proof with the same target, prompts and settings reuses it, PROOF.md "The baseline kept")
 # Call 1 (carry .artifacts/dev-a):  bash trainer/proofs/device_proof.sh stash [smoke|nosmoke]  (GPU smoke test)
