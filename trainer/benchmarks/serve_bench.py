@@ -11,7 +11,8 @@ graphs on either path):
   speculative  dflash_trainer.eval.spec_decode.speculative_decode with the drafter (DFlashProposer), block B.
 Printed: tokens/s of both, the speedup, τ, losslessness, and the speculative loop's per-step overhead (drafting,
 verify, bookkeeping; from a separate pass that synchronizes the GPU at each step's end, so the timed pass is
-unperturbed).
+unperturbed). --repeats R times both paths R times, taking turns, and reports the pair with the median speedup and
+every pair beside it: two single passes of one setting on one H100 differed by 12 % (PROOF.md run 25).
 
 Losslessness is defined against the verify forward's greedy choice: the loop emits only tokens that are the
 argmax of a target forward, so its output is the target's greedy decode up to rounding. In bf16 a 16-token verify
