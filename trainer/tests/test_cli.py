@@ -36,6 +36,8 @@ CASES = {
     "decay ratio without wsd": (["--lr-decay-ratio", "0.5"], "add --lr-schedule wsd"),
     "decay ratio out of range": (["--lr-schedule", "wsd", "--lr-decay-ratio", "1.5"], "--lr-decay-ratio is 1.5"),
     "temperature zero": (["--use-soft-labels", "--soft-label-temperature", "0"], "--soft-label-temperature is 0"),
+    "shard weights grammar": (["--shard-weights", "synth-"], "is not PREFIX=N"),
+    "shard weights prefix": (["--shard-weights", "synth-=2"], "--shard-weights synth-: no shard of"),
 }
 
 
@@ -116,3 +118,17 @@ def test_eager_layers_knob_reaches_the_config(tiny, tmp_path, monkeypatch, value
     else:
         monkeypatch.setenv("DFLASH_EAGER_LAYERS", value)
     assert config_from_args(train_cmd(tiny, tmp_path / "out")[3:]).compile_layers is compiled
+
+
+def test_shard_weights_train_and_count_the_epoch(tiny, tmp_path):
+    """A run with --shard-weights trains; its data line counts the weighted epoch and the steps follow it."""
+    out = tmp_path / "out"
+    plain = _run(train_cmd(tiny, tmp_path / "plain", "--max-steps", "1"))
+    weighted = _run(train_cmd(tiny, out, "--max-steps", "1", "--shard-weights", "shard-00000=0,shard-00001=3"))
+    assert plain.returncode == 0 and weighted.returncode == 0, weighted.stderr
+    micro = [int(re.search(r"(\d+) micro-batches/epoch", r.stdout + r.stderr).group(1)) for r in (plain, weighted)]
+    line = next(x for x in (weighted.stdout + weighted.stderr).splitlines() if x.startswith("data: ") or "data: " in x)
+    rows = [r for r in pq.read_table(os.path.join(tiny["data"], "shard-00001.parquet")).column("input_ids").to_pylist()
+            if len(r) >= 2]
+    assert f"({3 * len(rows)} sequences an epoch by --shard-weights shard-00000=0,shard-00001=3)" in line
+    assert micro[0] != micro[1]

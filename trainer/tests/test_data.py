@@ -123,3 +123,47 @@ def test_reading_the_shards_leaves_pandas_unimported(tmp_path):
             f"d = TokenizedDataset({str(tmp_path)!r}, 16); print(len(d), 'pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["3", "False"]
+
+
+def _write_named(tmp_path, name, lengths):
+    table = pa.table({"input_ids": pa.array([list(range(n)) for n in lengths], pa.list_(pa.int32())),
+                      "loss_mask": pa.array([[1] * n for n in lengths], pa.list_(pa.int8()))})
+    pq.write_table(table, tmp_path / name)
+
+
+def test_shard_weights_repeat_rows_per_epoch_by_file_name_prefix(tmp_path):
+    """--shard-weights: the rows of a shard come N times an epoch (longest prefix wins, 0 leaves them out), the
+    plan stays a pure function of (seed, epoch) and resumes; without the flag the plan is the unweighted one."""
+    _write_named(tmp_path, "shard-00000.parquet", [10, 11, 12, 1])  # the 1-token row is dropped: 3 rows
+    _write_named(tmp_path, "synth-shard-00000.parquet", [20, 21])
+    _write_named(tmp_path, "synth-x-shard-00000.parquet", [30])
+    plain = TokenizedDataset(str(tmp_path), max_seq_len=64)
+    assert plain.repeats is None and plain.rows_per_epoch == len(plain) == 6
+    ds = TokenizedDataset(str(tmp_path), max_seq_len=64, shard_weights="synth-=3,synth-x-=0")
+    assert ds.repeats.tolist() == [1, 1, 1, 3, 3, 0] and ds.rows_per_epoch == 9
+    for epoch in (0, 1):
+        plan = plan_epoch(ds.lengths, 5, epoch, 256, 4, ds.repeats)
+        assert sorted(i for b in plan for i in b) == [0, 1, 2, 3, 3, 3, 4, 4, 4]
+        assert plan == plan_epoch(ds.lengths, 5, epoch, 256, 4, ds.repeats)
+    a = BatchLoader(ds, seed=5, token_budget=256, max_batch_size=4)
+    seen = [a.next_batch().indices for _ in range(3)]
+    b = BatchLoader(ds, seed=5, token_budget=256, max_batch_size=4)
+    b.load_state_dict(a.state_dict())
+    assert [b.next_batch().indices for _ in range(5)] == [a.next_batch().indices for _ in range(5)]
+    assert seen and a.batches_in_epoch(0) == len(plan_epoch(ds.lengths, 5, 0, 256, 4, ds.repeats))
+    # the unweighted loader draws the plan of a run without the flag, draw for draw
+    assert BatchLoader(plain, 5, 256, 4).next_batch().indices == plan_epoch(plain.lengths, 5, 0, 256, 4)[0]
+
+
+def test_shard_weights_refusals_name_the_problem(tmp_path):
+    import pytest
+    from dflash_trainer.config.parsing import shard_weights_of
+    _write_named(tmp_path, "shard-00000.parquet", [10, 11])
+    with pytest.raises(ValueError, match=r"--shard-weights extra-: no shard of .* \(its shards: shard-00000\.parquet\)"):
+        TokenizedDataset(str(tmp_path), 64, shard_weights="extra-=2")
+    with pytest.raises(ValueError, match="leaves out every sequence"):
+        TokenizedDataset(str(tmp_path), 64, shard_weights="shard-=0")
+    assert shard_weights_of("synth-=2, extra-=0") == [("synth-", 2), ("extra-", 0)]
+    for bad in ("synth-", "synth-=x", "=2", "synth-=101", "synth-=-1", "a=1,a=2"):
+        with pytest.raises(ValueError, match="--shard-weights"):
+            shard_weights_of(bad)

@@ -61,6 +61,29 @@ def parse_float_list(text: str, flag: str) -> list[float]:
         raise ValueError(f"{flag} must be comma-separated numbers; e.g. 2,5,10") from None
 
 
+MAX_SHARD_WEIGHT = 100
+
+
+def shard_weights_of(text: str, flag: str = "--shard-weights") -> list[tuple[str, int]]:
+    """PREFIX=N[,PREFIX=N...] as (prefix, N) pairs: N whole, 0..MAX_SHARD_WEIGHT, each prefix once."""
+    pairs = []
+    for item in (x.strip() for x in text.split(",")):
+        prefix, sep, n = item.partition("=")
+        if not sep or not prefix.strip() or not n.strip().isdigit() or int(n) > MAX_SHARD_WEIGHT:
+            raise ValueError(f"{flag} {text!r}: {item!r} is not PREFIX=N with N a whole number 0..{MAX_SHARD_WEIGHT}; "
+                             "e.g. synth-=2,extra-=3")
+        pairs.append((prefix.strip(), int(n)))
+    prefixes = [p for p, _ in pairs]
+    if len(set(prefixes)) != len(prefixes):
+        raise ValueError(f"{flag} {text!r} names a prefix twice; give each once")
+    return pairs
+
+
+def check_shard_weights(value: str | None, flag: str) -> None:
+    if value is not None:
+        shard_weights_of(value, flag)
+
+
 def parse_switch(text: str, name: str) -> bool:
     """A 0/1 environment knob."""
     if text not in ("0", "1"):

@@ -8,7 +8,7 @@ import glob
 import json
 import os
 
-from dflash_trainer.config.parsing import StartupError
+from dflash_trainer.config.parsing import StartupError, shard_weights_of
 from dflash_trainer.config.train_config import TrainConfig
 
 
@@ -109,9 +109,32 @@ def data_shards(cfg: TrainConfig) -> list[str]:
     return shards
 
 
+def shard_weight_list(shards: list[str], spec: str | None, data_dir: str) -> list[int]:
+    """Each shard's count of appearances an epoch by --shard-weights (1 where no prefix matches; the longest matching
+    prefix wins); a prefix that matches no shard is refused, naming some of the shards."""
+    if spec is None:
+        return [1] * len(shards)
+    pairs = shard_weights_of(spec)
+    names = [os.path.basename(s) for s in shards]
+    for prefix, _ in pairs:
+        if not any(n.startswith(prefix) for n in names):
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            raise ValueError(f"--shard-weights {prefix}: no shard of {data_dir} starts with it (its shards: "
+                             f"{shown}); fix the prefix")
+    weights = []
+    for name in names:
+        matches = [(len(p), n) for p, n in pairs if name.startswith(p)]
+        weights.append(max(matches)[1] if matches else 1)
+    return weights
+
+
 def validate_data(cfg: TrainConfig) -> None:
-    """--data-dir: shards with input_ids and loss_mask columns."""
+    """--data-dir: shards with input_ids and loss_mask columns; every --shard-weights prefix names some of them."""
     shards = data_shards(cfg)
+    try:
+        shard_weight_list(shards, cfg.shard_weights, cfg.data_dir)
+    except ValueError as e:
+        raise StartupError(str(e)) from None
     try:
         import pyarrow.parquet as pq
     except ImportError:  # checked again when the data loads

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import MISSING, dataclass, field
 
-from dflash_trainer.config.parsing import (ascending_positive, at_least, check_fp8_setting, parse_float,
-                                           parse_float_list, parse_fp8_setting, parse_gpu_list, parse_int,
+from dflash_trainer.config.parsing import (ascending_positive, at_least, check_fp8_setting, check_shard_weights,
+                                           parse_float, parse_float_list, parse_fp8_setting, parse_gpu_list, parse_int,
                                            parse_int_list, parse_inverted_switch, parse_seconds, parse_str,
                                            parse_switch, positive)
 
@@ -150,6 +150,10 @@ class TrainConfig:
                             help="longer sequences are truncated")
     max_batch_size: int = flag(64, parse=parse_int, check=at_least(1), group=BATCHING,
                                help="max sequences per micro-batch")
+    shard_weights: str | None = flag(None, check=check_shard_weights, group=BATCHING, metavar="PREFIX=N,...",
+                                     help="each sequence of a shard whose file name starts with PREFIX comes N "
+                                          "times an epoch (0: left out; the longest matching prefix wins; other "
+                                          "shards once), e.g. synth-=2,extra-=3 to give data sources more steps")
 
     block_size: int = flag(32, parse=parse_int, group=METHOD, help="B: anchor + B-1 masked slots")
     max_anchors: int = flag(1024, parse=parse_int, check=at_least(1), group=METHOD,

@@ -2,7 +2,8 @@
 
 On-disk format (trainer/README.md): a directory of `*.parquet` shards, each with the columns
 `input_ids: list<int32>` and `loss_mask: list<int8>` (1 on assistant tokens), same length per row.
-Shards are read in sorted filename order; row i of the dataset is the i-th row across them.
+Shards are read in sorted filename order; row i of the dataset is the i-th row across them. --shard-weights gives
+the rows of some shards (by file-name prefix) another count of appearances an epoch.
 
 Legend: B = sequences in a micro-batch, T = padded length.
 """
@@ -18,6 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from dflash_trainer.config.paths import shard_weight_list
+
 
 def as_numpy(arr) -> np.ndarray:
     """A pyarrow array of integers without nulls as numpy, zero-copy. Array.to_numpy and pyarrow.dataset import
@@ -32,11 +35,12 @@ class TokenizedDataset:
     """All sequences in memory as flat numpy arrays + offsets: 5 bytes per token and no per-row Python
     objects, so a few billion tokens still load (a list of lists would need ~30x the memory)."""
 
-    def __init__(self, data_dir: str, max_seq_len: int):
+    def __init__(self, data_dir: str, max_seq_len: int, shard_weights: str | None = None):
         shards = sorted(glob.glob(os.path.join(data_dir, "*.parquet")))
         if not shards:
             raise ValueError(f"no *.parquet shards in {data_dir}; see trainer/README.md for the format")
-        ids_parts, mask_parts, starts, lengths = [], [], [], []
+        weights = shard_weight_list(shards, shard_weights, data_dir)
+        ids_parts, mask_parts, starts, lengths, repeats = [], [], [], [], []
         base = 0
         for shard in shards:
             # ParquetFile, not read_table: read_table goes through pyarrow.dataset, which imports pandas
@@ -56,6 +60,7 @@ class TokenizedDataset:
             keep = n_ids >= 2  # no anchor possible in a shorter sequence
             starts.append(base + (id_off[:-1] - id_off[0])[keep])
             lengths.append(np.minimum(n_ids[keep], max_seq_len))
+            repeats.append(np.full(int(keep.sum()), weights[len(repeats)], dtype=np.int64))
             base += int(id_off[-1] - id_off[0])
         self.ids_flat = np.concatenate(ids_parts)
         self.mask_flat = np.concatenate(mask_parts)
@@ -63,6 +68,17 @@ class TokenizedDataset:
         self.lengths = np.concatenate(lengths).astype(np.int64)
         if len(self.lengths) == 0:
             raise ValueError(f"{data_dir} holds no sequence of 2 or more tokens; check the data")
+        # appearances of each row an epoch: None (each once) without --shard-weights, so the plan stays the one of
+        # a run without them, draw for draw
+        self.repeats = np.concatenate(repeats) if shard_weights is not None else None
+        if self.repeats is not None and not self.repeats.any():
+            raise ValueError(f"--shard-weights {shard_weights} leaves out every sequence of {data_dir}; "
+                             "give some shards a weight of 1 or more")
+
+    @property
+    def rows_per_epoch(self) -> int:
+        """Sequences an epoch: the rows, each counted as often as --shard-weights has it appear."""
+        return len(self.lengths) if self.repeats is None else int(self.repeats.sum())
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -76,14 +92,19 @@ class TokenizedDataset:
         return int(sum(int(self.row(i)[1].sum()) for i in range(len(self))))
 
 
-def plan_epoch(lengths: np.ndarray, seed: int, epoch: int, token_budget: int, max_batch_size: int) -> list[list[int]]:
+def plan_epoch(lengths: np.ndarray, seed: int, epoch: int, token_budget: int, max_batch_size: int,
+               repeats: np.ndarray | None = None) -> list[list[int]]:
     """The micro-batches of one epoch, a pure function of (seed, epoch) so a resumed run sees the same order.
 
-    Shuffle, then sort by length inside windows of 64 batches' worth of sequences (less padding), pack
-    greedily under the budget (count x longest <= token_budget, count <= max_batch_size), shuffle batches.
+    Shuffle (each row `repeats[i]` times where given), then sort by length inside windows of 64 batches' worth of
+    sequences (less padding), pack greedily under the budget (count x longest <= token_budget, count <=
+    max_batch_size), shuffle batches.
     """
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(lengths))
+    if repeats is None:
+        order = rng.permutation(len(lengths))
+    else:
+        order = rng.permutation(np.repeat(np.arange(len(lengths)), repeats))
     window = 64 * max_batch_size
     batches: list[list[int]] = []
     for start in range(0, len(order), window):
@@ -149,7 +170,8 @@ class BatchLoader:
 
     def _get_plan(self, epoch: int) -> list[list[int]]:
         if self._plan_epoch != epoch:
-            self._plan = plan_epoch(self.dataset.lengths, self.seed, epoch, self.token_budget, self.max_batch_size)
+            self._plan = plan_epoch(self.dataset.lengths, self.seed, epoch, self.token_budget, self.max_batch_size,
+                                    self.dataset.repeats)
             self._plan_epoch = epoch
         return self._plan
 

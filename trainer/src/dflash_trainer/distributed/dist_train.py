@@ -202,7 +202,7 @@ def _run_rank(cfg: TrainConfig, world: World, heartbeat, stop: threading.Event, 
         log(world, "target kernels: " + kernels)
         if heartbeat is not None:
             heartbeat.update(target_kernels=kernels)
-    dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
+    dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len, cfg.shard_weights)
     G = cfg.grad_accum * world.num_drafter_ranks
     batches = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size).batches_in_epoch(0)
     total_steps = cfg.epochs * math.ceil(batches / G)

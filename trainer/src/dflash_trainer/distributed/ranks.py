@@ -264,7 +264,8 @@ def run_drafter(cfg: TrainConfig, world: World, plan_factory, drafter_cfg: Draft
         profile = RankProfile(progress, world, cfg, wandb_run, nvml)
         plan = plan_factory()
         books = Bookkeeping(stack, cfg, writer=leader, state=state, reducer=reducer, optimizer=optimizer,
-                            drafter_cfg=drafter_cfg, source=source, dataset_rows=len(plan.loader.dataset), say=say,
+                            drafter_cfg=drafter_cfg, source=source,
+                            dataset_rows=plan.loader.dataset.rows_per_epoch, say=say,
                             on_phase=lambda phase: None, profile=profile, wandb_run=wandb_run,
                             saved=(state.step if saved is not None else -1, None), extra_state={"world": world.layout})
         parallel.drafter.train()

@@ -146,7 +146,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     start = starting_weights(cfg, drafter_cfg)
     check_available(cfg)
     try:  # bad data is a refusal at start too: it loads before any weights
-        dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len)
+        dataset = TokenizedDataset(cfg.data_dir, cfg.max_seq_len, cfg.shard_weights)
     except ValueError as e:
         raise StartupError(str(e)) from None
     batches = BatchLoader(dataset, cfg.seed, cfg.token_budget, cfg.max_batch_size).batches_in_epoch(0)
@@ -179,7 +179,9 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
         f"trainable params on {drafter_device}; block {cfg.block_size}, <= {cfg.max_anchors} anchors/sequence, "
         f"gamma {cfg.gamma}, {describe_labels(cfg)} labels, mask token {cfg.mask_token_id}")
     log(f"data: {len(dataset)} sequences, {int(dataset.lengths.sum())} tokens "
-        f"({dataset.num_supervised_tokens} supervised); {batches} micro-batches/epoch")
+        f"({dataset.num_supervised_tokens} supervised); {batches} micro-batches/epoch"
+        + (f" ({dataset.rows_per_epoch} sequences an epoch by --shard-weights {cfg.shard_weights})"
+           if cfg.shard_weights is not None else ""))
     log(f"tokens per optimizer step: <= {cfg.token_budget} budget x {cfg.grad_accum} accumulation = "
         f"{cfg.token_budget * cfg.grad_accum}; draft positions per step: <= {cfg.max_batch_size} x "
         f"{cfg.max_anchors} x {cfg.block_size} x {cfg.grad_accum}")
@@ -202,7 +204,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
         profile = LocalProfile(stack, cfg, log, heartbeat, wandb_run, nvml)
         source = LocalTarget(target, plan, profile)
         books = Bookkeeping(stack, cfg, writer=True, state=state, reducer=reducer, optimizer=optimizer,
-                            drafter_cfg=drafter_cfg, source=source, dataset_rows=len(dataset), say=log,
+                            drafter_cfg=drafter_cfg, source=source, dataset_rows=dataset.rows_per_epoch, say=log,
                             on_phase=heartbeat.set_phase, profile=profile, wandb_run=wandb_run,
                             saved=(state.step, resume_from) if resume_from else (-1, None),
                             extra_state={})
