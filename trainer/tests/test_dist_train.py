@@ -201,3 +201,18 @@ def test_sigterm_checkpoints_then_resume_in_another_world_repeats_and_skips_noth
     assert [r[0] for r in rows] == list(range(1, step + 1)) + list(range(step + 1, STEPS + 1))
     _close_to(rows, reference)
     assert max(r["queue_high_water"] for r in read_metrics(out)) <= 3
+
+
+def test_shard_weights_reach_the_drafter_rank(tiny, tmp_path):
+    """--shard-weights under torchrun (1 target + 1 drafter rank): the same weighted batches, step for step, as one
+    process, and the log counts the weighted epoch."""
+    args = ("--max-steps", "4", "--shard-weights", "shard-00000=0,shard-00001=2")
+    one = start(train_cmd(tiny, tmp_path / "one", *args), tmp_path / "one.log")
+    assert one.wait(timeout=300) == 0, (tmp_path / "one.log").read_text()[-3000:]
+    job = start(torchrun_cmd(tiny, tmp_path / "dist", 2, 1, *args), tmp_path / "dist.log")
+    assert job.wait(timeout=300) == 0, (tmp_path / "dist.log").read_text()[-3000:]
+    crcs = [[(step, crc) for step, _, crc in losses(tmp_path / run)] for run in ("one", "dist")]
+    assert len(crcs[0]) == 4 and crcs[0] == crcs[1]
+    unweighted = start(train_cmd(tiny, tmp_path / "plain", "--max-steps", "1"), tmp_path / "plain.log")
+    assert unweighted.wait(timeout=300) == 0
+    assert losses(tmp_path / "plain")[0][2] != crcs[0][0][1]  # the weights changed which rows the first step took
