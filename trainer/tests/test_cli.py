@@ -121,14 +121,11 @@ def test_eager_layers_knob_reaches_the_config(tiny, tmp_path, monkeypatch, value
 
 
 def test_shard_weights_train_and_count_the_epoch(tiny, tmp_path):
-    """A run with --shard-weights trains; its data line counts the weighted epoch and the steps follow it."""
-    out = tmp_path / "out"
-    plain = _run(train_cmd(tiny, tmp_path / "plain", "--max-steps", "1"))
-    weighted = _run(train_cmd(tiny, out, "--max-steps", "1", "--shard-weights", "shard-00000=0,shard-00001=3"))
-    assert plain.returncode == 0 and weighted.returncode == 0, weighted.stderr
-    micro = [int(re.search(r"(\d+) micro-batches/epoch", r.stdout + r.stderr).group(1)) for r in (plain, weighted)]
-    line = next(x for x in (weighted.stdout + weighted.stderr).splitlines() if x.startswith("data: ") or "data: " in x)
+    """A run with --shard-weights trains, and its data line counts the weighted epoch."""
+    weighted = _run(train_cmd(tiny, tmp_path / "out", "--max-steps", "1", "--shard-weights",
+                              "shard-00000=0,shard-00001=3"))
+    assert weighted.returncode == 0, weighted.stderr
+    line = next(x for x in (weighted.stdout + weighted.stderr).splitlines() if "data: " in x)
     rows = [r for r in pq.read_table(os.path.join(tiny["data"], "shard-00001.parquet")).column("input_ids").to_pylist()
             if len(r) >= 2]
     assert f"({3 * len(rows)} sequences an epoch by --shard-weights shard-00000=0,shard-00001=3)" in line
-    assert micro[0] != micro[1]

@@ -205,7 +205,7 @@ def test_sigterm_checkpoints_then_resume_in_another_world_repeats_and_skips_noth
 
 def test_shard_weights_reach_the_drafter_rank(tiny, tmp_path):
     """--shard-weights under torchrun (1 target + 1 drafter rank): the same weighted batches, step for step, as one
-    process, and the log counts the weighted epoch."""
+    process (that they are other rows than unweighted: test_data.py)."""
     args = ("--max-steps", "4", "--shard-weights", "shard-00000=0,shard-00001=2")
     one = start(train_cmd(tiny, tmp_path / "one", *args), tmp_path / "one.log")
     assert one.wait(timeout=300) == 0, (tmp_path / "one.log").read_text()[-3000:]
@@ -213,6 +213,3 @@ def test_shard_weights_reach_the_drafter_rank(tiny, tmp_path):
     assert job.wait(timeout=300) == 0, (tmp_path / "dist.log").read_text()[-3000:]
     crcs = [[(step, crc) for step, _, crc in losses(tmp_path / run)] for run in ("one", "dist")]
     assert len(crcs[0]) == 4 and crcs[0] == crcs[1]
-    unweighted = start(train_cmd(tiny, tmp_path / "plain", "--max-steps", "1"), tmp_path / "plain.log")
-    assert unweighted.wait(timeout=300) == 0
-    assert losses(tmp_path / "plain")[0][2] != crcs[0][0][1]  # the weights changed which rows the first step took
