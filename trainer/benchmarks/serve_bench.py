@@ -115,13 +115,12 @@ def run(model, drafter, prompts, *, block_size, max_new_tokens, eos, static_cach
         speculative_decode(model, p, proposer, block_size, max_new_tokens, eos)
     # the two paths take turns, `repeats` times: the headline is the median pair, the spread is the noise that a
     # difference between two exports or settings has to beat
-    plain, cache, spec, first = timed_pair(model, prompts, proposer, block_size, max_new_tokens, eos, static_cache)
-    pairs, same_tokens = [first], True
-    for _ in range(repeats - 1):
-        p2, _, s2, figures = timed_pair(model, prompts, proposer, block_size, max_new_tokens, eos, static_cache)
-        pairs.append(figures)
-        same_tokens &= [r.tokens for r in p2] == [r.tokens for r in plain] and \
-            [r.tokens for r in s2] == [r.tokens for r in spec]
+    timed = [timed_pair(model, prompts, proposer, block_size, max_new_tokens, eos, static_cache)
+             for _ in range(repeats)]
+    plain, cache, spec, _ = timed[0]
+    pairs = [figures for *_, figures in timed]
+    same_tokens = all([r.tokens for r in p2] == [r.tokens for r in plain] and
+                      [r.tokens for r in s2] == [r.tokens for r in spec] for p2, _, s2, _ in timed[1:])
     profiled = [speculative_decode(model, p, proposer, block_size, max_new_tokens, eos, profile=True)
                 for p in prompts]
     plain_tokens = sum(len(r.tokens) for r in plain)

@@ -42,7 +42,7 @@ class TokenizedDataset:
         weights = shard_weight_list(shards, shard_weights, data_dir)
         ids_parts, mask_parts, starts, lengths, repeats = [], [], [], [], []
         base = 0
-        for shard in shards:
+        for shard, weight in zip(shards, weights):
             # ParquetFile, not read_table: read_table goes through pyarrow.dataset, which imports pandas
             table = pq.ParquetFile(shard).read(columns=["input_ids", "loss_mask"])
             ids_col = table.column("input_ids").combine_chunks()
@@ -60,7 +60,7 @@ class TokenizedDataset:
             keep = n_ids >= 2  # no anchor possible in a shorter sequence
             starts.append(base + (id_off[:-1] - id_off[0])[keep])
             lengths.append(np.minimum(n_ids[keep], max_seq_len))
-            repeats.append(np.full(int(keep.sum()), weights[len(repeats)], dtype=np.int64))
+            repeats.append(np.full(int(keep.sum()), weight, dtype=np.int64))
             base += int(id_off[-1] - id_off[0])
         self.ids_flat = np.concatenate(ids_parts)
         self.mask_flat = np.concatenate(mask_parts)
