@@ -4,10 +4,13 @@ For each held-out set (the proof's split, other styles) it prints both τ, their
 Δ from a paired bootstrap over the prompts: the prompts are drawn again with replacement, both drafters scored on
 the same draw (τ of a draw = its accepted tokens over its verification steps, as the evaluation's τ). The interval
 says how much Δ owes to which prompts happened to be held out. It does not hold the training's own variation from
-run to run (the same flags on another card or with the GPU shared moved τ by 0.1-0.2, PROOF.md runs 17-19): a Δ
-inside that is no lever's effect, whatever its interval.
+run to run (the same flags and data in two leases moved τ by −0.07 / +0.03 at 5 minutes, PROOF.md run 26, the
+second "above zero" in 97 % of resamples): a Δ inside that is no lever's effect, whatever its interval. So
+`--replicate` takes a second proof of the reference's flags: its Δ against the reference is printed beside the
+lever's, and the last column says whether the lever's Δ is larger (one replicate: a rough floor, not a test).
 
-    python -m proofs.compare_proofs REFERENCE.json LEVER.json [--snapshot 5] [--resamples 10000] [--seed 0]
+    python -m proofs.compare_proofs REFERENCE.json LEVER.json [--replicate REFERENCE_AGAIN.json] [--snapshot 5] \
+        [--resamples 10000] [--seed 0]
 
 A longer budget against a shorter one (what doubling the minutes gives) compares two snapshots of other minutes:
 `--snapshot 10 --lever-snapshot 20` takes the reference's at 10 and the lever's at 20.
@@ -112,18 +115,45 @@ def compare(ref_proof: dict, lever_proof: dict, minutes: float | None = None, re
     return rows
 
 
+def against_replicate(rows: list[dict], ref_proof: dict, replicate_proof: dict, resamples: int,
+                      seed: int) -> list[dict]:
+    """The reference run again (the same flags and data) against the reference, at the reference's snapshot, one
+    row per set of `rows`; each lever row gets `beyond_replicate`: its |Δ| above the replicate's."""
+    again = {r["set"]: r for r in compare(ref_proof, replicate_proof, rows[0]["minutes"], resamples, seed)}
+    missing = [SET_LABELS[r["set"]] for r in rows if r["set"] not in again]
+    if missing:
+        raise Mismatch(f"the replicate has no figures for {', '.join(missing)}: pass a proof of the reference's flags "
+                       f"that evaluated the same sets")
+    out = []
+    for r in rows:
+        out.append(dict(r, beyond_replicate=abs(r["delta"]) > abs(again[r["set"]]["delta"])))
+        out.append(dict(again[r["set"]], replicate=True))
+    return out
+
+
 def format_rows(rows: list[dict]) -> str:
     at = rows[0]["minutes"], rows[0]["lever_minutes"]
     when = f"after {at[0]:g} min" if at[0] == at[1] else f"after {at[0]:g} / {at[1]:g} min"
-    lines = [f"{when} | prompts | steps (reference / lever) | τ reference | τ lever | Δ | "
-             f"95 % interval of Δ (prompts resampled) | resamples with Δ > 0",
-             "|".join(["---"] * 8)]
+    with_replicate = any(r.get("replicate") for r in rows)
+    columns = [when, "prompts", "steps (reference / lever)", "τ reference", "τ lever", "Δ",
+               "95 % interval of Δ (prompts resampled)", "resamples with Δ > 0"]
+    columns += ["Δ beyond the reference again"] if with_replicate else []
+    lines = [" | ".join(columns), "|".join(["---"] * len(columns))]
     for r in rows:
         lo, hi = r["interval"]
-        lines.append(f"{SET_LABELS[r['set']]} | {r['prompts']} | {r['steps'][0]:,} / {r['steps'][1]:,} | "
-                     f"{r['tau_reference']:.2f} | {r['tau_lever']:.2f} | {r['delta']:+.2f} | "
-                     f"{lo:+.2f} … {hi:+.2f} | {r['share_above_zero']:.0%}")
+        label = SET_LABELS[r["set"]] + (", the reference again" if r.get("replicate") else "")
+        line = (f"{label} | {r['prompts']} | {r['steps'][0]:,} / {r['steps'][1]:,} | "
+                f"{r['tau_reference']:.2f} | {r['tau_lever']:.2f} | {r['delta']:+.2f} | "
+                f"{lo:+.2f} … {hi:+.2f} | {r['share_above_zero']:.0%}")
+        if with_replicate:
+            line += " | " + ("-" if r.get("replicate") else "yes" if r["beyond_replicate"] else "no")
+        lines.append(line)
     return "\n".join("| " + line + " |" for line in lines)
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,17 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lever-snapshot", type=float, default=None, metavar="MINUTES",
                    help="the lever's snapshot, where it differs from the reference's (e.g. a 20-minute budget's end "
                         "against a 10-minute budget's: --snapshot 10 --lever-snapshot 20)")
+    p.add_argument("--replicate", default=None, metavar="PROOF_JSON",
+                   help="a second proof of the reference's flags and data: its Δ against the reference (the training's "
+                        "own spread) is printed under each row, and whether the lever's |Δ| is above it")
     p.add_argument("--resamples", type=int, default=10000, help="bootstrap draws (default: 10000)")
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default: 0)")
     args = p.parse_args(argv)
     if args.resamples < 100:
         p.error(f"--resamples {args.resamples}: too few for a 95 % interval; give 100 or more")
-    with open(args.reference) as f:
-        ref = json.load(f)
-    with open(args.lever) as f:
-        lever = json.load(f)
+    ref, lever = load(args.reference), load(args.lever)
     try:
         rows = compare(ref, lever, args.snapshot, args.resamples, args.seed, args.lever_snapshot)
+        if args.replicate:
+            rows = against_replicate(rows, ref, load(args.replicate), args.resamples, args.seed)
     except Mismatch as e:
         print(f"compare_proofs: {e}", file=sys.stderr)
         return 2

@@ -105,3 +105,30 @@ def test_the_command_prints_the_table_or_one_line_naming_the_problem(capsys):
     with pytest.raises(SystemExit):
         compare_proofs.main([RUN19_A, RUN19_B, "--resamples", "10"])
     assert "too few for a 95 % interval" in capsys.readouterr().err
+
+
+RUN25_A = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-06-run25-a-wsd-gamma-3-anchors-64-5min.json")
+RUN26_A = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-07-run26-a-wsd-gamma-3-anchors-64-5min.json")
+RUN26_B = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-07-run26-b-shard-weights-synth-2-extra-4-5min.json")
+
+
+def test_the_reference_run_again_sets_the_floor_a_levers_delta_must_clear(capsys):
+    ref, lever, again = load(RUN26_A), load(RUN26_B), load(RUN25_A)  # run 25 A: run 26 A's flags, a lease earlier
+    rows = compare_proofs.against_replicate(compare(ref, lever, resamples=500), ref, again, 500, 0)
+    assert [(r["set"], bool(r.get("replicate"))) for r in rows] == [
+        ("split", False), ("split", True), ("other_styles", False), ("other_styles", True)]
+    split, split_again, other, other_again = rows
+    assert split_again["steps"] == [2732, 2867] and split_again["delta"] == pytest.approx(
+        again["snapshots"][-1]["eval"]["tau"] - ref["snapshots"][-1]["eval"]["tau"])
+    # the split: the lever moved nothing, the same flags moved it 0.07; other styles: +0.05 against 0.03
+    assert split["beyond_replicate"] is False and other["beyond_replicate"] is True
+    assert abs(other["delta"]) > abs(other_again["delta"]) > 0.02
+    assert compare_proofs.main([RUN26_A, RUN26_B, "--replicate", RUN25_A, "--resamples", "500"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].endswith("| Δ beyond the reference again |") and len(table) == 6
+    assert table[3].startswith("| the proof's split, the reference again | 32 | 2,732 / 2,867 | 3.40 | 3.47 | +0.07 |")
+    assert table[2].endswith("| no |") and table[4].endswith("| yes |") and table[5].endswith("| - |")
+    unevaluated = copy.deepcopy(again)
+    del unevaluated["snapshots"][-1]["eval_other_styles"]
+    with pytest.raises(Mismatch, match="the replicate has no figures for other styles"):
+        compare_proofs.against_replicate(compare(ref, lever, resamples=500), ref, unevaluated, 500, 0)
