@@ -4,8 +4,8 @@
         --num-prompts 32 --max-new-tokens 256 --device cuda --dtype bfloat16 [--compile] --out report.json
 
 Both paths decode the same prompts, greedily, one sequence at a time, in the same dtype and with the same
-compilation setting (--compile: torch.compile of the target's forward, used by both; default eager; no CUDA
-graphs on either path):
+compilation setting (--compile: torch.compile of the target's decoder layers, used by both, and the drafter's
+layers; default eager; no CUDA graphs on either path):
   plain        transformers' generate with the static KV cache where the model supports it (else dynamic);
                generate's own automatic compilation is off, so only --compile decides.
   speculative  dflash_trainer.eval.spec_decode.speculative_decode with the drafter (DFlashProposer), block B.
@@ -34,6 +34,7 @@ import torch
 
 from dflash_trainer.eval.evaluate import add_decoding_args, eos_ids, load_drafter, load_prompts, load_target
 from dflash_trainer.eval.spec_decode import DFlashProposer, reference_greedy, speculative_decode, summarize
+from dflash_trainer.model.target import compile_decoder_layers
 
 PHASES = ("drafter", "verify", "bookkeeping")
 
@@ -100,6 +101,12 @@ def timed_pair(model, prompts, proposer, block_size, max_new_tokens, eos, static
         "timed_ms_per_step": 1000 * spec_s / max(sum(len(r.step_times) for r in spec), 1)}
 
 
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far (dynamo's count; 0 when nothing is compiled)."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
 def median_pair(pairs: list[dict]) -> dict:
     """The pair of timed passes with the median speedup (the lower middle one for an even count): a pair that ran,
     so its tokens/s and its ratio agree."""
@@ -110,13 +117,16 @@ def run(model, drafter, prompts, *, block_size, max_new_tokens, eos, static_cach
         warmup_prompts, repeats: int = 1) -> dict:
     device = next(model.parameters()).device
     proposer = DFlashProposer(drafter)
+    graphs_before = compiled_graphs()
     for p in warmup_prompts:  # compile / allocator / kernel selection outside the timed passes
         plain_decode(model, [p], max_new_tokens, eos, static_cache)
         speculative_decode(model, p, proposer, block_size, max_new_tokens, eos)
+    graphs_warm = compiled_graphs()
     # the two paths take turns, `repeats` times: the headline is the median pair, the spread is the noise that a
     # difference between two exports or settings has to beat
     timed = [timed_pair(model, prompts, proposer, block_size, max_new_tokens, eos, static_cache)
              for _ in range(repeats)]
+    graphs = {"warmup": graphs_warm - graphs_before, "timed": compiled_graphs() - graphs_warm}
     plain, cache, spec, _ = timed[0]
     pairs = [figures for *_, figures in timed]
     same_tokens = all([r.tokens for r in p2] == [r.tokens for r in plain] and
@@ -144,6 +154,7 @@ def run(model, drafter, prompts, *, block_size, max_new_tokens, eos, static_cach
         "profiled_ms_per_step": 1000 * sum(r.wall_s for r in profiled)
                                 / max(sum(len(r.step_times) for r in profiled), 1),
         "timed_ms_per_step": headline["timed_ms_per_step"],
+        "compiled_graphs": graphs,
     }
 
 
@@ -170,6 +181,10 @@ def format_report(r: dict) -> str:
         w = r["warmup"]
         lines.append(f"warm-up: {w['prompts']} prompts, " + ("after the measured ones" if w["held_apart"]
                                                             else "the measured ones' first"))
+    if r.get("settings", {}).get("compile"):
+        g = r["compiled_graphs"]
+        lines.append(f"compiled graphs: {g['warmup']} in the warm-up, {g['timed']} in the timed passes"
+                     + (" (the timed passes paid for compiling: give --warmup more prompts)" if g["timed"] else ""))
     return "\n".join(lines)
 
 
@@ -178,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_decoding_args(p)  # dflash-eval's flags, declared once there
     p.set_defaults(num_prompts=32, device="cuda", dtype="bfloat16")  # a GPU speed measurement, not a τ check
-    p.add_argument("--compile", action="store_true", help="torch.compile the target's forward (both paths) and "
-                   "the drafter's layers")
+    p.add_argument("--compile", action="store_true", help="torch.compile the target's decoder layers (both paths) "
+                   "and the drafter's layers")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend with --compile ('eager': "
+                   "dynamo's graphs and guards without code generation, for a check of the graphs alone)")
     p.add_argument("--no-static-cache", action="store_true", help="plain path: generate's dynamic cache")
     p.add_argument("--tie-margin", type=float, default=0.5, help="logit margin under which a divergence from "
                    "plain decoding is a rounding near-tie")
@@ -206,8 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serve_bench: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if args.compile:
-        model.forward = torch.compile(model.forward, dynamic=True)
-        drafter.compile_layers()
+        # the target's decoder layers, one graph each (the cache's layer index), as dflash-train compiles them
+        # dynamic from the first call: prompt and cache lengths vary, and a first static graph per layer would be
+        # compiled again as a dynamic one at the next length (in the timed passes, after a one-prompt warm-up)
+        compile_decoder_layers(model.model.layers, model.config, recompile_limit=2 * len(model.model.layers) + 8,
+                               backend=args.compile_backend, dynamic=True)
+        drafter.compile_layers(backend=args.compile_backend, dynamic=True)
     t0 = time.perf_counter()
     report = run(model, drafter, prompts, block_size=args.block_size or drafter.cfg.block_size,
                  max_new_tokens=args.max_new_tokens, eos=eos_ids(args.target_model, model, tokenizer),

@@ -45,6 +45,7 @@ def test_serve_bench_cpu_function(tiny, export_and_prompts, capsys):
     assert abs(sum(row["share"] for row in report["overhead"]) - 1) < 1e-6
     assert all(row["ms_per_step"] >= 0 for row in report["overhead"])
     assert report["settings"]["compile"] is False and report["settings"]["cuda_graphs"] is False
+    assert report["compiled_graphs"] == {"warmup": 0, "timed": 0}
     assert report["warmup"] == {"prompts": 1, "held_apart": False}  # the file has no prompt beyond the 3 measured
     out = capsys.readouterr().out
     for label in ("plain", "speculative", "speedup", "tau", "lossless", "drafter", "verify", "bookkeeping"):
@@ -72,6 +73,32 @@ def test_repeats_take_turns_and_the_headline_is_the_median_pair(tiny, export_and
     assert bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts,
                        "--device", "cpu", "--repeats", "0"]) == 2
     assert "--repeats >= 1" in capsys.readouterr().err
+
+
+def test_compiled_layers_make_their_graphs_in_the_warmup_and_none_in_the_timed_passes(export_and_prompts, tmp_path,
+                                                                                      capsys):
+    """--compile: the target's decoder layers (one graph each: the cache's layer index) and the drafter's layers,
+    through dynamo's eager backend (its graphs and guards, no code generation: a function check on the CPU), on a
+    2-layer target (dynamo traces ~6 graphs a layer, 0.5 s each here)."""
+    from transformers import AutoConfig
+    from dflash_trainer.prep.make_tiny import write_target
+    _, prompts, _ = export_and_prompts
+    target, out = str(tmp_path / "target"), str(tmp_path / "out")
+    write_target(target, seed=0, num_layers=2)
+    cfg = DrafterConfig.from_target(AutoConfig.from_pretrained(target), 1, [0], block_size=4, mask_token_id=511)
+    torch.manual_seed(0)
+    save_checkpoint(out, 1, DFlashDrafter(cfg).trainable_state_dict(), cfg.to_dict(), {"step": 1}, keep=1)
+    export_checkpoint(out, target, str(tmp_path / "export"), dtype="float32")
+    bench = load_benchmark("benchmarks.serve_bench")
+    rc = bench.main(["--target-model", target, "--drafter", str(tmp_path / "export"), "--prompts", prompts,
+                     "--num-prompts", "2", "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32",
+                     "--warmup", "1", "--compile", "--compile-backend", "eager", "--out", str(tmp_path / "r.json")])
+    assert rc == 0
+    report = json.load(open(tmp_path / "r.json"))
+    assert report["settings"]["compile"] is True and report["lossless"] and report["num_identical_prompts"] == 2
+    assert report["compiled_graphs"]["warmup"] >= 2 and report["compiled_graphs"]["timed"] == 0
+    assert f"compiled graphs: {report['compiled_graphs']['warmup']} in the warm-up, 0 in the timed passes\n" in \
+        capsys.readouterr().out + "\n"
 
 
 def test_warmup_prompts_are_held_apart_from_the_measured_ones_where_the_file_has_them():

@@ -281,7 +281,7 @@ class DFlashDrafter(nn.Module):
             if isinstance(module, nn.Linear) and name != "lm_head":
                 nn.init.normal_(module.weight, std=std)
 
-    def compile_layers(self) -> None:
+    def compile_layers(self, **compile_kwargs) -> None:
         """torch.compile each layer in place (CUDA): fuses the fp32 norm/RoPE/cast elementwise work, which
         eager mode runs as separate memory-bound kernels (about a fifth of an eager step at the 27B shape).
         Module.compile keeps parameter names, so checkpoints and exports are unchanged."""
@@ -300,7 +300,7 @@ class DFlashDrafter(nn.Module):
         # shape regime holds two graphs: room beyond dynamo's 8, so a late shape never sends the layers to eager.
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 32)
         for layer in self.layers:
-            layer.compile()
+            layer.compile(**compile_kwargs)
 
     def load_frozen(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         with torch.no_grad():

@@ -101,6 +101,35 @@ def make_kernels_opaque(layer, conv_shifts: bool = False) -> bool:
     return True
 
 
+def compile_decoder_layers(layers, config, by_kind: dict | None = None, recompile_limit: int = 32,
+                           **compile_kwargs) -> str:
+    """torch.compile each decoder layer in place as COMPILE_BY_KIND (or `by_kind`) says for its kind; returns what
+    was done, for the log. Training (FrozenTarget) runs the layers without a KV cache, so the layers of a kind share
+    one graph per shape regime. Decoding with a cache (serve_bench) specializes each layer's graph on its layer
+    index (the cache's layer it updates): one graph a layer, so `recompile_limit` must exceed the layer count or the
+    later layers fall back to eager. Compiling the whole forward instead breaks the graph at transformers' output
+    capturing (a lock) and recompiles as the cache fills (PROOF.md run 26)."""
+    import torch._dynamo.config as dynamo_config
+    by_kind = COMPILE_BY_KIND if by_kind is None else by_kind
+    kinds = layer_kinds(config, len(layers))
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, recompile_limit)
+    done = {}
+    for layer, kind in zip(layers, kinds):
+        how = by_kind.get(kind, by_kind.get("default", EAGER))
+        around = how.removesuffix(FUSED)
+        if around in (AROUND_KERNELS, AROUND_KERNELS_SHIFTS) and not make_kernels_opaque(
+                layer, conv_shifts=around == AROUND_KERNELS_SHIFTS):
+            how = f"{EAGER} (no fla: the compiler would unroll the torch fallback's chunk loop)"
+        if how.endswith(FUSED):
+            fuse_layer(layer)
+        if not how.startswith(EAGER):
+            layer.compile(**compile_kwargs)
+        done[kind] = (how, done.get(kind, (how, 0))[1] + 1)
+    parts = ", ".join(f"{n} {kind} layers {how}" for kind, (how, n) in done.items())
+    compiled = any(not how.startswith(EAGER) for how, _ in done.values())
+    return f"{'compiled' if compiled else 'eager'} ({parts})"
+
+
 class FrozenTarget:
     def __init__(self, model_dir: str | None, device: torch.device, layer_ids: list[int], need_last_hidden: bool,
                  split_over: list[torch.device] | None = None, model=None):
@@ -135,7 +164,6 @@ class FrozenTarget:
         separate memory-bound kernels (the Qwen3-8B forward: 0.61 -> 0.78 of the bf16 peak on an H200;
         benchmarks/target_forward.py). The layers of a kind share one graph per shape regime. Returns what was
         done, for the log."""
-        import torch._dynamo.config as dynamo_config
         layers = getattr(getattr(self.model, "model", None), "layers", None)
         if self.device.type != "cuda":
             return "eager (not on CUDA)"
@@ -143,24 +171,7 @@ class FrozenTarget:
             return "eager (split over GPUs)"
         if layers is None:
             return f"eager ({type(self.model).__name__}: not compiled until measured on a GPU)"
-        by_kind = COMPILE_BY_KIND if by_kind is None else by_kind
-        kinds = layer_kinds(self.config, len(layers))
-        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 32)
-        done = {}
-        for layer, kind in zip(layers, kinds):
-            how = by_kind.get(kind, by_kind.get("default", EAGER))
-            around = how.removesuffix(FUSED)
-            if around in (AROUND_KERNELS, AROUND_KERNELS_SHIFTS) and not make_kernels_opaque(
-                    layer, conv_shifts=around == AROUND_KERNELS_SHIFTS):
-                how = f"{EAGER} (no fla: the compiler would unroll the torch fallback's chunk loop)"
-            if how.endswith(FUSED):
-                fuse_layer(layer)
-            if not how.startswith(EAGER):
-                layer.compile()
-            done[kind] = (how, done.get(kind, (how, 0))[1] + 1)
-        parts = ", ".join(f"{n} {kind} layers {how}" for kind, (how, n) in done.items())
-        compiled = any(not how.startswith(EAGER) for how, _ in done.values())
-        return f"{'compiled' if compiled else 'eager'} ({parts})"
+        return compile_decoder_layers(layers, self.config, by_kind)
 
     def embed_weight(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight
