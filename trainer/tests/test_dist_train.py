@@ -213,3 +213,8 @@ def test_shard_weights_reach_the_drafter_rank(tiny, tmp_path):
     assert job.wait(timeout=300) == 0, (tmp_path / "dist.log").read_text()[-3000:]
     crcs = [[(step, crc) for step, _, crc in losses(tmp_path / run)] for run in ("one", "dist")]
     assert len(crcs[0]) == 4 and crcs[0] == crcs[1]
+    # both logs give the weighted epoch in one data line, the same one
+    data = [[line.split("data: ", 1)[1] for line in (tmp_path / f"{run}.log").read_text().splitlines()
+             if "data: " in line and "micro-batches/epoch" in line] for run in ("one", "dist")]
+    assert len(data[1]) == 1 and data[0] == data[1], data
+    assert "sequences an epoch by --shard-weights shard-00000=0,shard-00001=2)" in data[1][0]

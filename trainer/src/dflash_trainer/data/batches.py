@@ -80,6 +80,13 @@ class TokenizedDataset:
         """Sequences an epoch: the rows, each counted as often as --shard-weights has it appear."""
         return len(self.lengths) if self.repeats is None else int(self.repeats.sum())
 
+    def describe(self, batches_per_epoch: int, shard_weights: str | None) -> str:
+        """The log's data line (one process and torchrun's rank 0 alike)."""
+        return (f"{len(self)} sequences, {int(self.lengths.sum())} tokens ({self.num_supervised_tokens} supervised); "
+                f"{batches_per_epoch} micro-batches/epoch"
+                + (f" ({self.rows_per_epoch} sequences an epoch by --shard-weights {shard_weights})"
+                   if shard_weights is not None else ""))
+
     def __len__(self) -> int:
         return len(self.lengths)
 
