@@ -105,9 +105,10 @@ def compile_decoder_layers(layers, config, by_kind: dict | None = None, recompil
                            **compile_kwargs) -> str:
     """torch.compile each decoder layer in place as COMPILE_BY_KIND (or `by_kind`) says for its kind; returns what
     was done, for the log. Training (FrozenTarget) runs the layers without a KV cache, so the layers of a kind share
-    one graph per shape regime. Decoding with a cache (serve_bench) specializes each layer's graph on its layer
-    index (the cache's layer it updates): one graph a layer, so `recompile_limit` must exceed the layer count or the
-    later layers fall back to eager. Compiling the whole forward instead breaks the graph at transformers' output
+    one graph per shape regime. Decoding with a cache (serve_bench) specializes each layer's graphs on its layer
+    index (the cache's layer it updates), the cache's kind and prefill or decode: about four a layer (SmolLM2's 30
+    layers: 123 in one frame), so `recompile_limit` must be several times the layer count or the later layers fall
+    back to eager. Compiling the whole forward instead breaks the graph at transformers' output
     capturing (a lock) and recompiles as the cache fills (PROOF.md run 26)."""
     import torch._dynamo.config as dynamo_config
     by_kind = COMPILE_BY_KIND if by_kind is None else by_kind
