@@ -70,6 +70,7 @@ class TokenizedDataset:
             raise ValueError(f"{data_dir} holds no sequence of 2 or more tokens; check the data")
         # appearances of each row an epoch: None (each once) without --shard-weights, so the plan stays the one of
         # a run without them, draw for draw
+        self.shard_weights = shard_weights
         self.repeats = np.concatenate(repeats) if shard_weights is not None else None
         if self.repeats is not None and not self.repeats.any():
             raise ValueError(f"--shard-weights {shard_weights} leaves out every sequence of {data_dir}; "
@@ -80,12 +81,12 @@ class TokenizedDataset:
         """Sequences an epoch: the rows, each counted as often as --shard-weights has it appear."""
         return len(self.lengths) if self.repeats is None else int(self.repeats.sum())
 
-    def describe(self, batches_per_epoch: int, shard_weights: str | None) -> str:
+    def describe(self, batches_per_epoch: int) -> str:
         """The log's data line (one process and torchrun's rank 0 alike)."""
         return (f"{len(self)} sequences, {int(self.lengths.sum())} tokens ({self.num_supervised_tokens} supervised); "
                 f"{batches_per_epoch} micro-batches/epoch"
-                + (f" ({self.rows_per_epoch} sequences an epoch by --shard-weights {shard_weights})"
-                   if shard_weights is not None else ""))
+                + (f" ({self.rows_per_epoch} sequences an epoch by --shard-weights {self.shard_weights})"
+                   if self.shard_weights is not None else ""))
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -227,7 +227,7 @@ def _run_rank(cfg: TrainConfig, world: World, heartbeat, stop: threading.Event, 
         return StepPlan(dataset, cfg, data_state, step0, total_steps, G)
 
     if world.rank == 0:
-        log(world, "data: " + dataset.describe(batches, cfg.shard_weights))
+        log(world, "data: " + dataset.describe(batches))
         log(world, f"world: {world.num_target_ranks} target + {world.num_drafter_ranks} drafter ranks "
                    f"({world.data_backend} transport); micro-batches per optimizer step: {cfg.grad_accum} x "
                    f"{world.num_drafter_ranks} = {G}; {total_steps} optimizer steps"

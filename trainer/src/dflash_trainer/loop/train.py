@@ -178,7 +178,7 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
     log(f"drafter: {cfg.num_draft_layers} layers, hidden {drafter_cfg.hidden_size}, {num_params / 1e6:.2f} M "
         f"trainable params on {drafter_device}; block {cfg.block_size}, <= {cfg.max_anchors} anchors/sequence, "
         f"gamma {cfg.gamma}, {describe_labels(cfg)} labels, mask token {cfg.mask_token_id}")
-    log("data: " + dataset.describe(batches, cfg.shard_weights))
+    log("data: " + dataset.describe(batches))
     log(f"tokens per optimizer step: <= {cfg.token_budget} budget x {cfg.grad_accum} accumulation = "
         f"{cfg.token_budget * cfg.grad_accum}; draft positions per step: <= {cfg.max_batch_size} x "
         f"{cfg.max_anchors} x {cfg.block_size} x {cfg.grad_accum}")
