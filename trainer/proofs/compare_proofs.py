@@ -174,13 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.resamples < 100:
         p.error(f"--resamples {args.resamples}: too few for a 95 % interval; give 100 or more")
-    ref, lever = load(args.reference), load(args.lever)
     try:
+        ref, lever = load(args.reference), load(args.lever)
         rows = compare(ref, lever, args.snapshot, args.resamples, args.seed, args.lever_snapshot)
         if args.replicate:
             rows = against_replicate(rows, ref, load(args.replicate), args.resamples, args.seed)
     except Mismatch as e:
         print(f"compare_proofs: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:  # a missing or unreadable proof.json (json's errors are ValueErrors)
+        print(f"compare_proofs: cannot read a proof: {' '.join(str(e).split())}; pass the proof.json files the proofs "
+              f"wrote", file=sys.stderr)
         return 2
     print(format_rows(rows))
     return 0

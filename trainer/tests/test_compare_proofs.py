@@ -128,6 +128,9 @@ def test_the_reference_run_again_sets_the_floor_a_levers_delta_must_clear(capsys
     assert table[0].endswith("| Δ beyond the reference again |") and len(table) == 6
     assert table[3].startswith("| the proof's split, the reference again | 32 | 2,732 / 2,867 | 3.40 | 3.47 | +0.07 |")
     assert table[2].endswith("| no |") and table[4].endswith("| yes |") and table[5].endswith("| - |")
+    assert compare_proofs.main([RUN26_A, RUN26_B, "--replicate", RUN26_A + ".missing"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("compare_proofs: cannot read a proof:") and ".missing" in err[0]
     unevaluated = copy.deepcopy(again)
     del unevaluated["snapshots"][-1]["eval_other_styles"]
     with pytest.raises(Mismatch, match="the replicate has no figures for other styles"):
