@@ -119,9 +119,9 @@ class DFlashProposer(Proposer):
         ids = torch.full((1, B), self.mask_token_id, dtype=torch.long, device=device)
         ids[0, 0] = tokens[-1]
         pos = torch.arange(T, T + B, device=device)[None]
-        mask = torch.ones(1, 1, B, T + B, dtype=torch.bool, device=device)  # all context < anchor, whole block
         ctx = [t[None].to(device=device, dtype=d.fc.weight.dtype) for t in taps]
-        return d.logits(d(ctx, ids, pos, mask)[0])
+        # no mask: the block sees all context (every position < the anchor) and the whole block
+        return d.logits(d(ctx, ids, pos, None)[0])
 
 
 def _new_cache(model):
