@@ -224,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.compile:
         # the target's decoder layers as dflash-train compiles them; about four graphs each (the cache's layer index
-        # and kind, prefill or decode), hence the limit: above it the later layers would fall back to eager
-        # dynamic from the first call: prompt and cache lengths vary, and a first static graph per layer would be
-        # compiled again as a dynamic one at the next length (in the timed passes, after a one-prompt warm-up)
+        # and kind, prefill or decode), hence the limit: above it the later layers would fall back to eager.
+        # Dynamic from the first call: prompt and cache lengths vary, and a first static graph per layer would be
+        # compiled again as a dynamic one at the next length (in the timed passes, after a one-prompt warm-up).
         compile_decoder_layers(model.model.layers, model.config, recompile_limit=8 * len(model.model.layers),
                                backend=args.compile_backend, dynamic=True)
         drafter.compile_layers(backend=args.compile_backend, dynamic=True)
