@@ -118,10 +118,14 @@ def run(model, drafter, prompts, *, block_size, max_new_tokens, eos, static_cach
     device = next(model.parameters()).device
     proposer = DFlashProposer(drafter)
     graphs_before = compiled_graphs()
+    t_warm = time.perf_counter()
     for p in warmup_prompts:  # compile / allocator / kernel selection outside the timed passes
         plain_decode(model, [p], max_new_tokens, eos, static_cache)
         speculative_decode(model, p, proposer, block_size, max_new_tokens, eos)
     graphs_warm = compiled_graphs()
+    # at once, not with the report: a compiled warm-up can take minutes, and a call cut short still shows how far it got
+    print(f"serve_bench: warm-up of {len(warmup_prompts)} prompts took {time.perf_counter() - t_warm:.1f} s "
+          f"({graphs_warm - graphs_before} graphs compiled); timing {repeats} pair(s) of passes", flush=True)
     # the two paths take turns, `repeats` times: the headline is the median pair, the spread is the noise that a
     # difference between two exports or settings has to beat
     timed = [timed_pair(model, prompts, proposer, block_size, max_new_tokens, eos, static_cache)

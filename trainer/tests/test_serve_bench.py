@@ -1,6 +1,7 @@
 """serve_bench on the tiny model, CPU, for function only: the report's shape and losslessness, never a time."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -97,8 +98,13 @@ def test_compiled_layers_make_their_graphs_in_the_warmup_and_none_in_the_timed_p
     report = json.load(open(tmp_path / "r.json"))
     assert report["settings"]["compile"] is True and report["lossless"] and report["num_identical_prompts"] == 2
     assert report["compiled_graphs"]["warmup"] >= 2 and report["compiled_graphs"]["timed"] == 0
+    out = capsys.readouterr().out
     assert f"compiled graphs: {report['compiled_graphs']['warmup']} in the warm-up, 0 in the timed passes\n" in \
-        capsys.readouterr().out + "\n"
+        out + "\n"
+    # printed as soon as the warm-up ends, before the timed passes: a long compile shows how far a run got
+    progress = re.search(r"warm-up of 1 prompts took [0-9.]+ s \((\d+) graphs compiled\); timing 1 pair", out)
+    assert progress and int(progress[1]) == report["compiled_graphs"]["warmup"]
+    assert out.index(progress[0]) < out.index("speedup ")
 
 
 def test_warmup_prompts_are_held_apart_from_the_measured_ones_where_the_file_has_them():
