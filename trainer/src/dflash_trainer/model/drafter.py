@@ -177,7 +177,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    # cos and sin are fp32 (.float() is then free), so each product upcasts x inside its kernel: fp32 math, as an
+    # explicit x.float() gives, without two copy kernels a call (ten calls a drafter forward, paid one by one when
+    # decoding eagerly)
+    return (x * cos.float() + rotated * sin.float()).to(x.dtype)
 
 
 # Flex attention's kernel options by (compute capability, head_dim), measured by benchmarks/attention_kernels.py at
