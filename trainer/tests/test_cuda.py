@@ -247,3 +247,31 @@ def test_decoding_keeps_sdpa_off_cudnn_on_cuda(tiny):
         assert "CUDNN_ATTENTION" not in chosen
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def test_the_drafters_decoding_block_takes_flash_attention(monkeypatch):
+    """DFlashProposer's block sees all its context and itself, so it passes no mask: with grouped KV heads a mask
+    sends SDPA to the math backend (flash refuses any mask, memory-efficient attention grouped heads; cuDNN is off
+    for decoding), a dozen kernels a layer where flash runs one. The choice with an all-True mask is printed."""
+    from torch.nn.attention import SDPBackend
+    from dflash_trainer.eval.decode_attention import use_plan_free_attention
+    from dflash_trainer.eval.spec_decode import DFlashProposer
+    import dflash_trainer.model.drafter as drafter_module
+    use_plan_free_attention("cuda")
+    d = tiny_drafter(head_dim=64).to(device="cuda", dtype=torch.bfloat16).eval()
+    chosen, sdpa = [], drafter_module.F.scaled_dot_product_attention
+
+    def recording_sdpa(q, k, v, attn_mask=None, **kw):
+        chosen.append(SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask, **kw)).name)
+        if attn_mask is None:
+            full = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+            print("with an all-True mask:", SDPBackend(torch._fused_sdp_choice(q, k, v, full, **kw)).name)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(drafter_module.F, "scaled_dot_product_attention", recording_sdpa)
+    T = 40
+    taps = [torch.randn(T, d.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in d.cfg.target_layer_ids]
+    with torch.no_grad():
+        DFlashProposer(d).block_logits(list(range(T + 1)), taps)
+    print("the decoding block's SDPA backend per layer:", chosen)
+    assert chosen == ["FLASH_ATTENTION"] * d.cfg.num_hidden_layers
