@@ -275,3 +275,18 @@ def test_the_drafters_decoding_block_takes_flash_attention(monkeypatch):
         DFlashProposer(d).block_logits(list(range(T + 1)), taps)
     print("the decoding block's SDPA backend per layer:", chosen)
     assert chosen == ["FLASH_ATTENTION"] * d.cfg.num_hidden_layers
+
+
+def test_the_drafters_eager_norm_rounds_as_the_explicit_ops_under_autocast():
+    """Training's norms outside the compiled layers run eagerly under CUDA autocast, which runs rms_norm in fp32 and
+    returns fp32: the eager norm still rounds to the input's dtype before the weight, as the explicit ops do."""
+    from dflash_trainer.model.drafter import RMSNorm
+    torch.manual_seed(0)
+    norm = RMSNorm(256, eps=1e-6).cuda()  # fp32 weight of ones: the output is the rounded normalized input
+    x = torch.randn(4, 33, 256, device="cuda").bfloat16() * 3
+    explicit = torch.compile(norm.forward, backend="eager", fullgraph=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
+        eager, traced = norm(x), explicit(x)
+    assert eager.dtype == traced.dtype == torch.float32
+    assert torch.equal(eager, eager.bfloat16().float())  # rounded to bf16 before the weight
+    torch.testing.assert_close(eager, traced, rtol=1e-2, atol=1e-2)  # a fused sum may round one value otherwise

@@ -100,9 +100,10 @@ class RMSNorm(nn.Module):
             x = x.float()  # the variance in bf16 loses too much; Qwen3 normalizes in fp32 too
             x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
             return self.weight * x.to(dtype)
-        # eager (decoding): the same math, fp32 inside and rounded to x's dtype before the weight, in one
-        # kernel instead of seven; a drafter forward runs 22 norms, and decoding at batch 1 pays per kernel
-        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        # eager (decoding; in training the norms outside the compiled layers): the same math, fp32 inside and rounded
+        # to x's dtype before the weight, in one kernel instead of seven (a drafter forward runs 22 norms, and
+        # decoding at batch 1 pays per kernel). The .to: CUDA autocast runs rms_norm in fp32 and returns fp32.
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 # The target's rope fields that describe the target's attention, never the drafter's (see drafter_rope).
