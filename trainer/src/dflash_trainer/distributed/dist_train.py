@@ -49,7 +49,8 @@ from dflash_trainer.loop.checkpoint import checkpoints_dir, clean_leftovers, fin
 from dflash_trainer.config import StartupError, TrainConfig, validate_paths
 from dflash_trainer.data.batches import BatchLoader, TokenizedDataset
 from dflash_trainer.distributed.ranks import log, run_drafter, run_target
-from dflash_trainer.distributed.world import World, close_world, init_world, remove_pid_file, write_end_file
+from dflash_trainer.distributed.world import (ERROR_KEY, ERRORS_KEY, World, close_world, init_world, job_error,
+                                              remove_pid_file, write_end_file)
 from dflash_trainer.failures import ExplainedFailure, failure_line
 from dflash_trainer import stop_report
 from dflash_trainer.telemetry.heartbeat import RESERVE_NAME, Heartbeat
@@ -59,8 +60,6 @@ from dflash_trainer.loop.progress import PROGRESS, RANK_PROGRESS
 from dflash_trainer.telemetry.writers import NvmlTelemetry
 from dflash_trainer.telemetry.wandb_log import check_available
 
-ERROR = "dflash/error"
-ERRORS = "dflash/errors"  # failures counted: the first failing rank's error is the job's
 
 
 def check_queue_memory(cfg: TrainConfig, world: World, available: int | None = None) -> None:
@@ -87,11 +86,11 @@ def check_queue_memory(cfg: TrainConfig, world: World, available: int | None = N
 def _first_error(world: World, error: str) -> str:
     """The job's error: `error` if this rank failed first (recorded in the store), else the first one's."""
     try:
-        if world.store.add(ERRORS, 1) == 1:
-            world.store.set(ERROR, error)
+        if world.store.add(ERRORS_KEY, 1) == 1:
+            world.store.set(ERROR_KEY, error)
             return error
-        world.store.wait([ERROR], datetime.timedelta(seconds=2))
-        return world.store.get(ERROR).decode()
+        world.store.wait([ERROR_KEY], datetime.timedelta(seconds=2))
+        return world.store.get(ERROR_KEY).decode()
     except Exception:  # noqa: BLE001 - the store went with the agent: our own error it is
         return error
 
@@ -101,8 +100,9 @@ def _relay_progress(world: World, heartbeat: Heartbeat, done: threading.Event) -
     rank's failure (in the store) makes it `failed` at once, whatever rank 0 is doing."""
     while not done.wait(heartbeat.interval_s):
         try:
-            if world.store.check([ERROR]):
-                heartbeat.set_phase("failed", error=world.store.get(ERROR).decode())
+            error = job_error(world.store)
+            if error is not None:
+                heartbeat.set_phase("failed", error=error)
                 return
             _read_progress(world, heartbeat)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the run; the next poll retries

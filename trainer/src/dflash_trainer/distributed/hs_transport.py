@@ -58,10 +58,13 @@ class Sender:
     forward overlaps the transfer of the last one's taps."""
 
     def __init__(self, group, backend: str, device: torch.device, depth: int = 2, synchronous: bool = False,
-                 on_sent=None):
+                 on_sent=None, job_error=None):
         self.group, self.backend, self.device = group, backend, device
         self.synchronous = synchronous  # --hs-sync-transfers: send in the caller, one item at a time, no thread
         self.on_sent = on_sent          # called with each item once its transfer is complete
+        # () -> the job's first error or None, asked while the loop waits on the thread: a send blocked on a rank
+        # that failed may never return (a drafter that posts no more receives), and the rank must still end
+        self.job_error = job_error
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self.bytes_sent = 0
@@ -100,7 +103,9 @@ class Sender:
         """Waits until everything queued is sent."""
         if self._thread is not None:
             self._put(None)
-            self._thread.join()
+            while self._thread.is_alive():
+                self._thread.join(timeout=0.5)
+                self._check_waiting()
         self._check()
 
     def _sent(self, item: Item) -> None:
@@ -114,11 +119,18 @@ class Sender:
                 self._q.put(entry, timeout=0.5)
                 return
             except queue.Full:
-                self._check()
+                self._check_waiting()
 
     def _check(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"sending hidden states failed: {self._error}") from self._error
+
+    def _check_waiting(self) -> None:
+        """Every half second of a wait (the store is asked only then, not at every send)."""
+        self._check()
+        error = self.job_error() if self.job_error is not None else None
+        if error is not None:
+            raise RuntimeError(f"sending hidden states stopped: the job failed ({error})")
 
     def _loop(self) -> None:
         try:

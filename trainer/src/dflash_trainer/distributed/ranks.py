@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from dflash_trainer.config import StartupError, TrainConfig
 from dflash_trainer.data.batches import collate
-from dflash_trainer.distributed.world import World
+from dflash_trainer.distributed.world import World, job_error
 from dflash_trainer.model.drafter import DrafterConfig
 from dflash_trainer.distributed.drafter_parallel import ParallelDrafter, agree_on_min, agree_on_sharding, choose_sharding
 from dflash_trainer.distributed.hs_queue import HiddenStateQueue
@@ -145,7 +145,7 @@ def run_target(cfg: TrainConfig, world: World, plan, layer_ids, stop: threading.
                             tokens=progress.row["tokens"] + int(item.lengths.sum()))
 
         sender = Sender(world.data_group, world.data_backend, world.device, synchronous=cfg.hs_sync_transfers,
-                        on_sent=sent)
+                        on_sent=sent, job_error=lambda: job_error(world.store))
         ending, num_items, t_start = _Ending(world, stop, sender), 0, time.perf_counter()
         mine = (slot for _, slots, _ in plan.steps() for slot in slots if slot.k % T == world.role_rank)
         for slot in mine:

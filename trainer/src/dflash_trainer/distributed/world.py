@@ -321,6 +321,17 @@ def _join_world(cfg: TrainConfig, rank: int, world_size: int, pid_file: str) -> 
 
 
 LAYOUT_KEY = "dflash/layout"
+ERROR_KEY = "dflash/error"
+ERRORS_KEY = "dflash/errors"  # failures counted: the first failing rank's error is the job's
+
+
+def job_error(store) -> str | None:
+    """The job's first error, once a rank has recorded one (dist_train's failure path), else None; None too when
+    the store is gone with the agent (the ranks end with it anyway)."""
+    try:
+        return store.get(ERROR_KEY).decode() if store.check([ERROR_KEY]) else None
+    except Exception:  # noqa: BLE001 - a store that does not answer is no peer's failure
+        return None
 
 
 def _agree_on_layout(store, rank: int, layout: list[dict]) -> None:
