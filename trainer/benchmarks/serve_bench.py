@@ -1,11 +1,13 @@
 """Serving speed of a DFlash drafter: batch-1 greedy decoding, the target alone vs the product's speculative loop.
 
     python -m benchmarks.serve_bench --target-model TARGET --drafter EXPORT --prompts held_out.jsonl \
-        --num-prompts 32 --max-new-tokens 256 --device cuda --dtype bfloat16 [--compile] --out report.json
+        --num-prompts 32 --max-new-tokens 256 --device cuda --dtype bfloat16 [--compile | --cuda-graphs] \
+        --out report.json
 
 Both paths decode the same prompts, greedily, one sequence at a time, in the same dtype and with the same
 compilation setting (--compile: torch.compile of the target's decoder layers, used by both, and the drafter's
-layers; default eager; no CUDA graphs on either path):
+layers; default eager; --cuda-graphs: the drafter's block forward replayed from CUDA graphs, as a server runs its
+drafter, eval/draft_graphs.py; the target eager on both paths):
   plain        transformers' generate with the static KV cache where the model supports it (else dynamic);
                generate's own automatic compilation is off, so only --compile decides.
   speculative  dflash_trainer.eval.spec_decode.speculative_decode with the drafter (DFlashProposer), block B.
@@ -114,23 +116,28 @@ def median_pair(pairs: list[dict]) -> dict:
 
 
 def run(model, drafter, prompts, *, block_size, max_new_tokens, eos, static_cache, tie_margin,
-        warmup_prompts, repeats: int = 1) -> dict:
+        warmup_prompts, repeats: int = 1, cuda_graphs: bool = False) -> dict:
     device = next(model.parameters()).device
-    proposer = DFlashProposer(drafter)
+    proposer = DFlashProposer(drafter, cuda_graphs=cuda_graphs)
     graphs_before = compiled_graphs()
     t_warm = time.perf_counter()
     for p in warmup_prompts:  # compile / allocator / kernel selection outside the timed passes
         plain_decode(model, [p], max_new_tokens, eos, static_cache)
         speculative_decode(model, p, proposer, block_size, max_new_tokens, eos)
     graphs_warm = compiled_graphs()
+    captured_warm = proposer.graphs.captured if cuda_graphs else 0
     # at once, not with the report: a compiled warm-up can take minutes, and a call cut short still shows how far it got
     print(f"serve_bench: warm-up of {len(warmup_prompts)} prompts took {time.perf_counter() - t_warm:.1f} s "
-          f"({graphs_warm - graphs_before} graphs compiled); timing {repeats} pair(s) of passes", flush=True)
+          f"({graphs_warm - graphs_before} graphs compiled, {captured_warm} drafter CUDA graphs captured); timing "
+          f"{repeats} pair(s) of passes", flush=True)
     # the two paths take turns, `repeats` times: the headline is the median pair, the spread is the noise that a
     # difference between two exports or settings has to beat
     timed = [timed_pair(model, prompts, proposer, block_size, max_new_tokens, eos, static_cache)
              for _ in range(repeats)]
     graphs = {"warmup": graphs_warm - graphs_before, "timed": compiled_graphs() - graphs_warm}
+    # a context bucket first met in the timed passes is captured there (a few forwards' time)
+    captured = ({"warmup": captured_warm, "timed": proposer.graphs.captured - captured_warm} if cuda_graphs
+                else None)
     plain, cache, spec, _ = timed[0]
     pairs = [figures for *_, figures in timed]
     same_tokens = all([r.tokens for r in p2] == [r.tokens for r in plain] and
@@ -159,6 +166,7 @@ def run(model, drafter, prompts, *, block_size, max_new_tokens, eos, static_cach
                                 / max(sum(len(r.step_times) for r in profiled), 1),
         "timed_ms_per_step": headline["timed_ms_per_step"],
         "compiled_graphs": graphs,
+        "drafter_cuda_graphs": captured,
     }
 
 
@@ -180,7 +188,8 @@ def format_report(r: dict) -> str:
     lines += ["", f"{'phase':<12} {'ms/step':>9} {'share':>7}"]
     for row in r["overhead"]:
         lines.append(f"{row['phase']:<12} {row['ms_per_step']:>9.3f} {100 * row['share']:>6.1f}%")
-    lines.append(f"wall per step: timed pass {r['timed_ms_per_step']:.3f} ms, profiled pass {r['profiled_ms_per_step']:.3f} ms")
+    lines.append(f"wall per step: timed pass {r['timed_ms_per_step']:.3f} ms, "
+                 f"profiled pass {r['profiled_ms_per_step']:.3f} ms")
     if "warmup" in r:
         w = r["warmup"]
         lines.append(f"warm-up: {w['prompts']} prompts, " + ("after the measured ones" if w["held_apart"]
@@ -189,6 +198,10 @@ def format_report(r: dict) -> str:
         g = r["compiled_graphs"]
         lines.append(f"compiled graphs: {g['warmup']} in the warm-up, {g['timed']} in the timed passes"
                      + (" (the timed passes paid for compiling: give --warmup more prompts)" if g["timed"] else ""))
+    if r.get("drafter_cuda_graphs"):
+        g = r["drafter_cuda_graphs"]
+        lines.append(f"drafter CUDA graphs: {g['warmup']} captured in the warm-up, {g['timed']} in the timed passes"
+                     + (" (a longer context met there: give --warmup longer prompts)" if g["timed"] else ""))
     return "\n".join(lines)
 
 
@@ -201,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                    "and the drafter's layers")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend with --compile ('eager': "
                    "dynamo's graphs and guards without code generation, for a check of the graphs alone)")
+    p.add_argument("--cuda-graphs", action="store_true", help="replay the drafter's block forward from CUDA graphs, "
+                   "one per context bucket of 256 positions (the target stays eager; not with --compile)")
     p.add_argument("--no-static-cache", action="store_true", help="plain path: generate's dynamic cache")
     p.add_argument("--tie-margin", type=float, default=0.5, help="logit margin under which a divergence from "
                    "plain decoding is a rounding near-tie")
@@ -212,10 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.drafter is None:
             raise ValueError("--drafter is required: the export (or checkpoint) whose decoding speed is measured")
+        if args.cuda_graphs and args.compile:
+            raise ValueError("--cuda-graphs captures the eager drafter on CUDA: drop --compile or --cuda-graphs")
         if args.device == "auto":
             args.device = "cuda" if torch.cuda.is_available() else "cpu"
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda but no CUDA device is visible; pass --device cpu for a function check")
+        if args.cuda_graphs and args.device != "cuda":
+            raise ValueError("--cuda-graphs captures the eager drafter on CUDA: pass --device cuda, or drop "
+                             "--cuda-graphs")
         if args.num_prompts < 1 or args.max_new_tokens < 2 or args.warmup < 0 or args.repeats < 1:
             raise ValueError("--num-prompts must be >= 1, --max-new-tokens >= 2, --warmup >= 0 and --repeats >= 1")
         device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -238,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     report = run(model, drafter, prompts, block_size=args.block_size or drafter.cfg.block_size,
                  max_new_tokens=args.max_new_tokens, eos=eos_ids(args.target_model, model, tokenizer),
                  static_cache=not args.no_static_cache, tie_margin=args.tie_margin, warmup_prompts=warmup_prompts,
-                 repeats=args.repeats)
+                 repeats=args.repeats, cuda_graphs=args.cuda_graphs)
     report["warmup"] = {"prompts": len(warmup_prompts), "held_apart": held_apart}
     report["settings"] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                          "dtype": args.dtype, "compile": args.compile, "cuda_graphs": False,
+                          "dtype": args.dtype, "compile": args.compile, "cuda_graphs": args.cuda_graphs,
                           "target_model": os.path.abspath(args.target_model),
                           "drafter": os.path.abspath(args.drafter), "bench_wall_s": time.perf_counter() - t0}
     print(format_report(report))

@@ -290,3 +290,20 @@ def test_the_drafters_eager_norm_rounds_as_the_explicit_ops_under_autocast():
     assert eager.dtype == traced.dtype == torch.float32
     assert torch.equal(eager, eager.bfloat16().float())  # rounded to bf16 before the weight
     torch.testing.assert_close(eager, traced, rtol=1e-2, atol=1e-2)  # a fused sum may round one value otherwise
+
+
+def test_the_drafters_cuda_graphs_replay_the_padded_forward():
+    """DFlashProposer(cuda_graphs=True): one graph per context bucket, captured at its first use; a replay gives the
+    drafts of the same padded forward run without graphs, across buckets and with a longer context's rows left in
+    the padding."""
+    from dflash_trainer.eval.draft_graphs import GraphedBlock
+    from dflash_trainer.eval.spec_decode import DFlashProposer
+    torch.manual_seed(0)
+    d = tiny_drafter(head_dim=64).to(device="cuda", dtype=torch.bfloat16).eval()
+    graphed = DFlashProposer(d, cuda_graphs=True, graph_bucket=32).graphs
+    plain = GraphedBlock(d, 32, capture=False)
+    for T in (20, 7, 32, 33, 70, 5):
+        taps = [torch.randn(T, d.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        got = graphed.drafts(T % 60, taps).clone()
+        assert got.tolist() == plain.drafts(T % 60, taps).tolist(), T
+    assert graphed.captured == 3 and sorted(graphed._buckets) == [32, 64, 96]

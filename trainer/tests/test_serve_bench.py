@@ -102,7 +102,8 @@ def test_compiled_layers_make_their_graphs_in_the_warmup_and_none_in_the_timed_p
     assert f"compiled graphs: {report['compiled_graphs']['warmup']} in the warm-up, 0 in the timed passes\n" in \
         out + "\n"
     # printed as soon as the warm-up ends, before the timed passes: a long compile shows how far a run got
-    progress = re.search(r"warm-up of 1 prompts took [0-9.]+ s \((\d+) graphs compiled\); timing 1 pair", out)
+    progress = re.search(r"warm-up of 1 prompts took [0-9.]+ s \((\d+) graphs compiled, 0 drafter CUDA graphs "
+                         r"captured\); timing 1 pair", out)
     assert progress and int(progress[1]) == report["compiled_graphs"]["warmup"]
     assert out.index(progress[0]) < out.index("speedup ")
 
@@ -136,3 +137,27 @@ def test_serve_bench_refuses_missing_cuda_in_one_line(tiny, export_and_prompts, 
     assert bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--device cpu" in err[0]
+
+
+@pytest.mark.parametrize("extra", [("--device", "cpu"), ("--device", "cuda", "--compile")])
+def test_cuda_graphs_are_refused_off_cuda_and_with_compile_in_one_line(tiny, export_and_prompts, capsys, extra):
+    export, prompts, _ = export_and_prompts
+    bench = load_benchmark("benchmarks.serve_bench")
+    assert bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts,
+                       "--cuda-graphs", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--cuda-graphs captures the eager drafter on CUDA" in err[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_serve_losslessly_and_count_their_captures(tiny, export_and_prompts, tmp_path, capsys):
+    export, prompts, _ = export_and_prompts
+    bench = load_benchmark("benchmarks.serve_bench")
+    assert bench.main(["--target-model", tiny["target"], "--drafter", export, "--prompts", prompts,
+                       "--num-prompts", "2", "--max-new-tokens", "16", "--dtype", "float32", "--warmup", "1",
+                       "--cuda-graphs", "--out", str(tmp_path / "r.json")]) == 0
+    report = json.load(open(tmp_path / "r.json"))
+    assert report["settings"]["cuda_graphs"] is True and report["lossless"]
+    g = report["drafter_cuda_graphs"]
+    assert g["warmup"] >= 1 and g["warmup"] + g["timed"] >= 1
+    assert f"drafter CUDA graphs: {g['warmup']} captured in the warm-up" in capsys.readouterr().out

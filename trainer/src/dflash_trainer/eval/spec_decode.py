@@ -96,16 +96,27 @@ class PromptLookupProposer(Proposer):
 class DFlashProposer(Proposer):
     """One drafter forward over [last token, MASK x (B-1)] at positions T..T+B-1, context = taps of 0..T-1."""
 
-    def __init__(self, drafter):
+    def __init__(self, drafter, cuda_graphs: bool = False, graph_bucket: int | None = None):
+        """cuda_graphs: the block forward padded to context buckets and replayed from CUDA graphs
+        (eval/draft_graphs.py), as a server runs its drafter; drafts may differ by rounding, outputs not."""
         self.drafter = drafter
         self.layer_ids = list(drafter.cfg.target_layer_ids)
         self.block_size = drafter.cfg.block_size
         self.mask_token_id = drafter.cfg.mask_token_id
+        self.graphs = None
+        if cuda_graphs:
+            from dflash_trainer.eval.draft_graphs import DEFAULT_BUCKET, GraphedBlock
+            if drafter.fc.weight.device.type != "cuda":
+                raise ValueError("CUDA graphs of the drafter need it on a CUDA device")
+            self.graphs = GraphedBlock(drafter, graph_bucket or DEFAULT_BUCKET)
 
     @torch.no_grad()
     def propose(self, tokens, taps, num):
         if num <= 0:
             return []
+        if self.graphs is not None:
+            assert taps[0].shape[0] == len(tokens) - 1, "the target has processed every token but the last"
+            return self.graphs.drafts(tokens[-1], taps)[:num].tolist()
         return self.block_logits(tokens, taps)[1:1 + num].argmax(-1).tolist()
 
     @torch.no_grad()

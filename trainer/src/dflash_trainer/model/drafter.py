@@ -156,18 +156,41 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
                  cfg: DrafterConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [B, N] -> cos, sin [B, 1, N, r] (HF layout: the two halves repeat the frequencies); r = d
     unless cfg.rope_parameters rotate only part of each head. cfg None or without rope_parameters: plain RoPE."""
-    if cfg is None or cfg.rope_parameters is None:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
-                                     / head_dim))
-        scaling = 1.0
-    else:
-        inv_freq, scaling = rope_inv_freq(cfg, int(positions.max()) + 1 if positions.numel() else 1,
-                                          positions.device)
+    inv_freq, scaling = _inv_freq(positions, head_dim, theta, cfg)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
     if scaling == 1.0:
         return emb.cos()[:, None], emb.sin()[:, None]
     return (emb.cos() * scaling)[:, None], (emb.sin() * scaling)[:, None]  # yarn/longrope's attention factor
+
+
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")  # their frequencies follow the sequence's length
+_INV_FREQ: dict[tuple, tuple[torch.Tensor, float]] = {}
+
+
+def _inv_freq(positions: torch.Tensor, head_dim: int, theta: float,
+              cfg: DrafterConfig | None) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention scaling) on positions' device, kept per rope and device: decoding asks at every step,
+    and a kept table spares four kernels (plain RoPE) or a host computation and its copy to the device (the
+    others), which a CUDA graph of the drafter could not hold. Computed anew where the frequencies follow the
+    length, and inside torch.compile (the graph computes them itself)."""
+    plain = cfg is None or cfg.rope_parameters is None
+    if not plain and cfg.rope_parameters["rope_type"] in LENGTH_DEPENDENT_ROPE:
+        return rope_inv_freq(cfg, int(positions.max()) + 1 if positions.numel() else 1, positions.device)
+    key = ((head_dim, theta) if plain else  # what rope_inv_freq reads of the config
+           (json.dumps(cfg.rope_parameters, sort_keys=True), cfg.rope_theta, cfg.head_dim, cfg.hidden_size,
+            cfg.num_attention_heads, cfg.max_position_embeddings)) + (str(positions.device),)
+    compiling = torch.compiler.is_compiling()
+    if compiling or key not in _INV_FREQ:
+        if plain:
+            value = (1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+                                      / head_dim)), 1.0)
+        else:
+            value = rope_inv_freq(cfg, 1, positions.device)
+        if compiling:
+            return value
+        _INV_FREQ[key] = value
+    return _INV_FREQ[key]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
