@@ -33,6 +33,8 @@ def _target(ports, results) -> None:
         results.put(("not stopped", time.monotonic() - t0, sent))
     except RuntimeError as e:
         results.put((str(e), time.monotonic() - t0, sent))
+    results.close()
+    results.join_thread()  # put() hands the row to a feeder thread: let it reach the pipe before the exit below
     os._exit(0)  # the sender's thread is still inside a send no one receives
 
 
