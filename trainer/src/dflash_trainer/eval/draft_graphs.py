@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trainer.model.drafter import context_vector, draft_hidden
+from dflash_trainer.model.drafter import LENGTH_DEPENDENT_ROPE, context_vector, draft_hidden
 
 DEFAULT_BUCKET = 256  # context positions a graph grows by: few graphs for a few thousand positions, little padding
 
@@ -46,7 +46,7 @@ class _Bucket:
     ctx: torch.Tensor                    # [1, C, K*H] the taps, written per step (rows >= T: padding)
     ids: torch.Tensor                    # [1, B] anchor token, then MASK
     num_ctx: torch.Tensor                # [1] int64: T
-    drafts: torch.Tensor | None = None   # [B-1] argmax of slots 1.. (the graph's output)
+    drafts: torch.Tensor                 # [B-1] argmax of slots 1.. (the graph's output)
     graph: object = None
 
 
@@ -57,8 +57,7 @@ class GraphedBlock:
         if bucket < 1:
             raise ValueError("the context bucket must be >= 1 positions")
         cfg = drafter.cfg
-        if capture and cfg.rope_parameters is not None and cfg.rope_parameters["rope_type"] in ("dynamic",
-                                                                                                "longrope"):
+        if capture and cfg.rope_parameters is not None and cfg.rope_parameters["rope_type"] in LENGTH_DEPENDENT_ROPE:
             # their frequencies follow the sequence's length, read on the host: no replay can hold that
             raise ValueError(f"CUDA graphs of the drafter need a rotary embedding of fixed frequencies; rope_type "
                              f"{cfg.rope_parameters['rope_type']!r} depends on the length: decode without them")
@@ -70,7 +69,8 @@ class GraphedBlock:
 
     @torch.no_grad()
     def drafts(self, last_token: int, taps: list[torch.Tensor]) -> torch.Tensor:
-        """Argmax of block slots 1..B-1 [B-1] (on the device) for the context of `taps` (K x [T, H])."""
+        """Argmax of block slots 1..B-1 [B-1] (on the device) for the context of `taps` (K x [T, H]): the bucket's
+        own buffer, which the next call overwrites (read it first)."""
         T = taps[0].shape[0]
         b = self._bucket_for(max(T, 1))
         torch.cat([t.to(self.dtype) for t in taps], dim=-1, out=b.ctx[0, :T])
