@@ -6,8 +6,9 @@ the same draw (τ of a draw = its accepted tokens over its verification steps, a
 says how much Δ owes to which prompts happened to be held out. It does not hold the training's own variation from
 run to run (the same flags and data in two leases moved τ by −0.07 / +0.03 at 5 minutes, PROOF.md run 26, the
 second "above zero" in 97 % of resamples): a Δ inside that is no lever's effect, whatever its interval. So
-`--replicate` takes a second proof of the reference's flags: its Δ against the reference is printed beside the
-lever's, and the last column says whether the lever's Δ is larger (one replicate: a rough floor, not a test).
+`--replicate` takes another proof of the reference's flags (repeat it for several): its Δ against the reference is
+printed beside the lever's, and the last column says whether the lever's |Δ| is larger than every such Δ (a floor
+from the reference's own spread over leases, not a test).
 
     python -m proofs.compare_proofs REFERENCE.json LEVER.json [--replicate REFERENCE_AGAIN.json] [--snapshot 5] \
         [--resamples 10000] [--seed 0]
@@ -115,19 +116,24 @@ def compare(ref_proof: dict, lever_proof: dict, minutes: float | None = None, re
     return rows
 
 
-def against_replicate(rows: list[dict], ref_proof: dict, replicate_proof: dict, resamples: int,
+def against_replicate(rows: list[dict], ref_proof: dict, replicate_proofs: list[dict], resamples: int,
                       seed: int) -> list[dict]:
-    """The reference run again (the same flags and data) against the reference, at the reference's snapshot, one
-    row per set of `rows`; each lever row gets `beyond_replicate`: its |Δ| above the replicate's."""
-    again = {r["set"]: r for r in compare(ref_proof, replicate_proof, rows[0]["minutes"], resamples, seed)}
-    missing = [SET_LABELS[r["set"]] for r in rows if r["set"] not in again]
-    if missing:
-        raise Mismatch(f"the replicate has no figures for {', '.join(missing)}: pass a proof of the reference's flags "
-                       f"that evaluated the same sets")
+    """Each reference run again (the same flags and data) against the reference, at the reference's snapshot: under
+    each row of `rows`, one row per replicate; each lever row gets `beyond_replicate`: its |Δ| above every
+    replicate's (with several, the reference's own spread over leases)."""
+    again = []
+    for replicate_proof in replicate_proofs:
+        by_set = {r["set"]: r for r in compare(ref_proof, replicate_proof, rows[0]["minutes"], resamples, seed)}
+        missing = [SET_LABELS[r["set"]] for r in rows if r["set"] not in by_set]
+        if missing:
+            raise Mismatch(f"a replicate has no figures for {', '.join(missing)}: pass proofs of the reference's "
+                           f"flags that evaluated the same sets")
+        again.append(by_set)
     out = []
     for r in rows:
-        out.append(dict(r, beyond_replicate=abs(r["delta"]) > abs(again[r["set"]]["delta"])))
-        out.append(dict(again[r["set"]], replicate=True))
+        spread = [a[r["set"]] for a in again]
+        out.append(dict(r, beyond_replicate=all(abs(r["delta"]) > abs(a["delta"]) for a in spread)))
+        out += [dict(a, replicate=True) for a in spread]
     return out
 
 
@@ -166,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lever-snapshot", type=float, default=None, metavar="MINUTES",
                    help="the lever's snapshot, where it differs from the reference's (e.g. a 20-minute budget's end "
                         "against a 10-minute budget's: --snapshot 10 --lever-snapshot 20)")
-    p.add_argument("--replicate", default=None, metavar="PROOF_JSON",
-                   help="a second proof of the reference's flags and data: its Δ against the reference (the training's "
-                        "own spread) is printed under each row, and whether the lever's |Δ| is above it")
+    p.add_argument("--replicate", action="append", default=[], metavar="PROOF_JSON",
+                   help="another proof of the reference's flags and data (repeat it for several leases): its Δ "
+                        "against the reference (the training's own spread) is printed under each row, and whether "
+                        "the lever's |Δ| is above every such Δ")
     p.add_argument("--resamples", type=int, default=10000, help="bootstrap draws (default: 10000)")
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default: 0)")
     args = p.parse_args(argv)
@@ -178,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         ref, lever = load(args.reference), load(args.lever)
         rows = compare(ref, lever, args.snapshot, args.resamples, args.seed, args.lever_snapshot)
         if args.replicate:
-            rows = against_replicate(rows, ref, load(args.replicate), args.resamples, args.seed)
+            rows = against_replicate(rows, ref, [load(path) for path in args.replicate], args.resamples, args.seed)
     except Mismatch as e:
         print(f"compare_proofs: {e}", file=sys.stderr)
         return 2

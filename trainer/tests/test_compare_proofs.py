@@ -114,7 +114,7 @@ RUN26_B = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-07-run26-b-shard-wei
 
 def test_the_reference_run_again_sets_the_floor_a_levers_delta_must_clear(capsys):
     ref, lever, again = load(RUN26_A), load(RUN26_B), load(RUN25_A)  # run 25 A: run 26 A's flags, a lease earlier
-    rows = compare_proofs.against_replicate(compare(ref, lever, resamples=500), ref, again, 500, 0)
+    rows = compare_proofs.against_replicate(compare(ref, lever, resamples=500), ref, [again], 500, 0)
     assert [(r["set"], bool(r.get("replicate"))) for r in rows] == [
         ("split", False), ("split", True), ("other_styles", False), ("other_styles", True)]
     split, split_again, other, other_again = rows
@@ -133,5 +133,29 @@ def test_the_reference_run_again_sets_the_floor_a_levers_delta_must_clear(capsys
     assert len(err) == 1 and err[0].startswith("compare_proofs: cannot read a proof:") and ".missing" in err[0]
     unevaluated = copy.deepcopy(again)
     del unevaluated["snapshots"][-1]["eval_other_styles"]
-    with pytest.raises(Mismatch, match="the replicate has no figures for other styles"):
-        compare_proofs.against_replicate(compare(ref, lever, resamples=500), ref, unevaluated, 500, 0)
+    with pytest.raises(Mismatch, match="a replicate has no figures for other styles"):
+        compare_proofs.against_replicate(compare(ref, lever, resamples=500), ref, [again, unevaluated], 500, 0)
+
+
+RUN27_A = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-07-run27-a-wsd-gamma-3-anchors-64-5min.json")
+RUN27_C = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-07-run27-c-anchors-32-5min.json")
+
+
+def test_several_replicates_make_the_floor_the_references_spread_over_leases(capsys):
+    """Run 27 C (--max-anchors 32) against run 27 A: beyond run 26 A again on both sets, but not beyond run 25 A
+    on the split (the same flags a lease earlier read 0.08 higher), so not beyond the spread of both."""
+    ref, lever = load(RUN27_A), load(RUN27_C)
+    rows = compare(ref, lever, resamples=500)
+    one = compare_proofs.against_replicate(rows, ref, [load(RUN26_A)], 500, 0)
+    both = compare_proofs.against_replicate(rows, ref, [load(RUN26_A), load(RUN25_A)], 500, 0)
+    assert [r["beyond_replicate"] for r in one if not r.get("replicate")] == [True, True]
+    assert [(r["set"], bool(r.get("replicate"))) for r in both] == [
+        ("split", False), ("split", True), ("split", True),
+        ("other_styles", False), ("other_styles", True), ("other_styles", True)]
+    split, _, split_25, other, _, _ = both
+    assert split["beyond_replicate"] is False and abs(split_25["delta"]) > abs(split["delta"])
+    assert other["beyond_replicate"] is True
+    assert compare_proofs.main([RUN27_A, RUN27_C, "--replicate", RUN26_A, "--replicate", RUN25_A,
+                                "--resamples", "500"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 8 and table[2].endswith("| no |") and table[5].endswith("| yes |")
