@@ -61,7 +61,6 @@ from dflash_trainer.telemetry.writers import NvmlTelemetry
 from dflash_trainer.telemetry.wandb_log import check_available
 
 
-
 def check_queue_memory(cfg: TrainConfig, world: World, available: int | None = None) -> None:
     """Before any weights load, on each drafter rank: its host's drafter queues, full, must fit the memory the
     host has available (hs_queue.check_host_memory; StartupError, exit 2, otherwise)."""

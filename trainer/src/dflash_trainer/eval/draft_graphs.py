@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trainer.model.drafter import LENGTH_DEPENDENT_ROPE, context_vector, draft_hidden
+from dflash_trainer.model.drafter import context_vector, draft_hidden, rope_follows_length
 
 DEFAULT_BUCKET = 256  # context positions a graph grows by: few graphs for a few thousand positions, little padding
 
@@ -57,12 +57,14 @@ class GraphedBlock:
         if bucket < 1:
             raise ValueError("the context bucket must be >= 1 positions")
         cfg = drafter.cfg
-        if capture and cfg.rope_parameters is not None and cfg.rope_parameters["rope_type"] in LENGTH_DEPENDENT_ROPE:
+        self.drafter, self.bucket, self.capture = drafter, bucket, capture
+        self.device = drafter.fc.weight.device
+        if capture and rope_follows_length(cfg):
             # their frequencies follow the sequence's length, read on the host: no replay can hold that
             raise ValueError(f"CUDA graphs of the drafter need a rotary embedding of fixed frequencies; rope_type "
                              f"{cfg.rope_parameters['rope_type']!r} depends on the length: decode without them")
-        self.drafter, self.bucket, self.capture = drafter, bucket, capture
-        self.device = drafter.fc.weight.device
+        if capture and self.device.type != "cuda":
+            raise ValueError("CUDA graphs of the drafter need it on a CUDA device")
         self.dtype = drafter.fc.weight.dtype
         self._buckets: dict[int, _Bucket] = {}
         self.captured = 0  # graphs captured so far (a caller's warm-up should leave none for its timed passes)

@@ -106,8 +106,6 @@ class DFlashProposer(Proposer):
         self.graphs = None
         if cuda_graphs:
             from dflash_trainer.eval.draft_graphs import DEFAULT_BUCKET, GraphedBlock
-            if drafter.fc.weight.device.type != "cuda":
-                raise ValueError("CUDA graphs of the drafter need it on a CUDA device")
             self.graphs = GraphedBlock(drafter, graph_bucket or DEFAULT_BUCKET)
 
     @torch.no_grad()

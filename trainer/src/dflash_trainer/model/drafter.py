@@ -168,28 +168,34 @@ LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")  # their frequencies follow the 
 _INV_FREQ: dict[tuple, tuple[torch.Tensor, float]] = {}
 
 
+def rope_follows_length(cfg: DrafterConfig | None) -> bool:
+    return cfg is not None and cfg.rope_parameters is not None and \
+        cfg.rope_parameters["rope_type"] in LENGTH_DEPENDENT_ROPE
+
+
 def _inv_freq(positions: torch.Tensor, head_dim: int, theta: float,
               cfg: DrafterConfig | None) -> tuple[torch.Tensor, float]:
     """(inv_freq, attention scaling) on positions' device, kept per rope and device: decoding asks at every step,
     and a kept table spares four kernels (plain RoPE) or a host computation and its copy to the device (the
     others), which a CUDA graph of the drafter could not hold. Computed anew where the frequencies follow the
     length, and inside torch.compile (the graph computes them itself)."""
-    plain = cfg is None or cfg.rope_parameters is None
-    if not plain and cfg.rope_parameters["rope_type"] in LENGTH_DEPENDENT_ROPE:
+    if rope_follows_length(cfg):
         return rope_inv_freq(cfg, int(positions.max()) + 1 if positions.numel() else 1, positions.device)
+    plain = cfg is None or cfg.rope_parameters is None
+
+    def fixed() -> tuple[torch.Tensor, float]:
+        if not plain:
+            return rope_inv_freq(cfg, 1, positions.device)
+        exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+        return 1.0 / (theta ** exponents), 1.0
+
+    if torch.compiler.is_compiling():
+        return fixed()
     key = ((head_dim, theta) if plain else  # what rope_inv_freq reads of the config
            (json.dumps(cfg.rope_parameters, sort_keys=True), cfg.rope_theta, cfg.head_dim, cfg.hidden_size,
             cfg.num_attention_heads, cfg.max_position_embeddings)) + (str(positions.device),)
-    compiling = torch.compiler.is_compiling()
-    if compiling or key not in _INV_FREQ:
-        if plain:
-            value = (1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
-                                      / head_dim)), 1.0)
-        else:
-            value = rope_inv_freq(cfg, 1, positions.device)
-        if compiling:
-            return value
-        _INV_FREQ[key] = value
+    if key not in _INV_FREQ:
+        _INV_FREQ[key] = fixed()
     return _INV_FREQ[key]
 
 
