@@ -35,6 +35,7 @@ import time
 import torch
 
 from dflash_trainer.eval.evaluate import add_decoding_args, eos_ids, load_drafter, load_prompts, load_target
+from dflash_trainer.eval.draft_graphs import DEFAULT_BUCKET
 from dflash_trainer.eval.spec_decode import DFlashProposer, reference_greedy, speculative_decode, summarize
 from dflash_trainer.model.target import compile_decoder_layers
 
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend with --compile ('eager': "
                    "dynamo's graphs and guards without code generation, for a check of the graphs alone)")
     p.add_argument("--cuda-graphs", action="store_true", help="replay the drafter's block forward from CUDA graphs, "
-                   "one per context bucket of 256 positions (the target stays eager; not with --compile)")
+                   f"one per context bucket of {DEFAULT_BUCKET} positions (the target stays eager; not with --compile)")
     p.add_argument("--no-static-cache", action="store_true", help="plain path: generate's dynamic cache")
     p.add_argument("--tie-margin", type=float, default=0.5, help="logit margin under which a divergence from "
                    "plain decoding is a rounding near-tie")
