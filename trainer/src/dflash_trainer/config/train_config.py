@@ -160,6 +160,10 @@ class TrainConfig:
                             help="blocks sampled per sequence")
     num_draft_layers: int = flag(5, parse=parse_int, check=at_least(1), group=METHOD,
                                  help="decoder layers of the drafter")
+    draft_intermediate_size: int | None = flag(None, parse=parse_int, check=at_least(1), group=METHOD, metavar="N",
+                                               help="the width of the drafter's MLP (default: the target's "
+                                                    "intermediate_size): more capacity at the same depth; the export "
+                                                    "records it, the serving engines read it")
     gamma: float = flag(10.0, parse=parse_float, group=METHOD, help="slot weight exp(-(k-1)/gamma)")
     noise: str = flag("uniform", choices=("uniform", "none"), group=METHOD, help="noise added to target features")
     noise_start: float = flag(0.05, parse=parse_float, group=METHOD, help="noise amplitude at the start")

@@ -126,7 +126,7 @@ def drafter_config_for(cfg: TrainConfig) -> tuple[object, list[int], DrafterConf
     num_target_layers = getattr(target_config, "text_config", target_config).num_hidden_layers
     layer_ids = cfg.target_layer_ids or default_target_layer_ids(num_target_layers, cfg.num_target_taps)
     drafter_cfg = DrafterConfig.from_target(target_config, cfg.num_draft_layers, layer_ids, cfg.block_size,
-                                            cfg.mask_token_id, cfg.split_fc_layers)
+                                            cfg.mask_token_id, cfg.split_fc_layers, cfg.draft_intermediate_size)
     return target_config, layer_ids, drafter_cfg
 
 
@@ -175,7 +175,8 @@ def run(cfg: TrainConfig, heartbeat: Heartbeat, stop: threading.Event, clock=Non
 
     num_params = sum(p.numel() for p in trainable)
     log(f"target {cfg.target_model}: {drafter_cfg.num_target_layers} layers on {target_device}; taps {layer_ids}")
-    log(f"drafter: {cfg.num_draft_layers} layers, hidden {drafter_cfg.hidden_size}, {num_params / 1e6:.2f} M "
+    log(f"drafter: {cfg.num_draft_layers} layers, hidden {drafter_cfg.hidden_size}, MLP "
+        f"{drafter_cfg.intermediate_size}, {num_params / 1e6:.2f} M "
         f"trainable params on {drafter_device}; block {cfg.block_size}, <= {cfg.max_anchors} anchors/sequence, "
         f"gamma {cfg.gamma}, {describe_labels(cfg)} labels, mask token {cfg.mask_token_id}")
     log("data: " + dataset.describe(batches))

@@ -72,15 +72,18 @@ class DrafterConfig:
 
     @classmethod
     def from_target(cls, target_config, num_layers: int, target_layer_ids: list[int], block_size: int,
-                    mask_token_id: int, split_fc_layers: bool = False) -> "DrafterConfig":
-        """Layer shapes copied from the target (a HF PretrainedConfig), so the drafter lives in its space."""
+                    mask_token_id: int, split_fc_layers: bool = False,
+                    intermediate_size: int | None = None) -> "DrafterConfig":
+        """Layer shapes copied from the target (a HF PretrainedConfig), so the drafter lives in its space; the MLP's
+        width is the target's unless `intermediate_size` is given (it touches nothing the target shares)."""
         c = getattr(target_config, "text_config", target_config)
         rope = dict(getattr(c, "rope_parameters", None) or {})
         rope_theta = rope.get("rope_theta", getattr(c, "rope_theta", 1_000_000.0))
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return cls(hidden_size=c.hidden_size, num_hidden_layers=num_layers,
                    num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-                   head_dim=head_dim, intermediate_size=c.intermediate_size, vocab_size=c.vocab_size,
+                   head_dim=head_dim, intermediate_size=intermediate_size or c.intermediate_size,
+                   vocab_size=c.vocab_size,
                    target_layer_ids=list(target_layer_ids), num_target_layers=c.num_hidden_layers,
                    block_size=block_size, mask_token_id=mask_token_id, rms_norm_eps=c.rms_norm_eps,
                    rope_theta=float(rope_theta), max_position_embeddings=c.max_position_embeddings,
