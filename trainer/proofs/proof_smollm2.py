@@ -54,7 +54,7 @@ from dflash_trainer.config import find_mask_token_id
 from dflash_trainer.prep.generate import add_decoding_flags, decoding_of
 from dflash_trainer.prep.heldout import OTHER_STYLES, load_prompts
 from dflash_trainer.prep.prepare_data import add_regeneration_flags, check_regeneration, prepare
-from dflash_trainer.prep.synthesize import read_system_prompts, synthesize_prompts
+from dflash_trainer.prep.synthesize import read_system_prompts, synthesize_defaults, synthesize_prompts
 
 from . import proof_eval, proof_report
 from .stale_answers import set_aside_other_prompts
@@ -170,11 +170,12 @@ def regenerate(args, cfg, train_prompts: str, out: str, devices: list[str], shar
 def add_synthesized(args, cfg, out: str, data_dir: str, stats: dict, eval_prompts: str, device: str,
                     shared: bool) -> tuple[str, dict]:
     """--synthesize-prompts N: prompts the target writes itself (dflash-synthesize-prompts, its defaults but the
-    batch), kept apart from both held-out sets, answered like the others (its own preparation, data/synth) and
+    batch and --synthesize-temperature), kept apart from both held-out sets, answered like the others (its own preparation, data/synth) and
     trained on beside them (data/with-synth: links to both preparations' shards). Returns (data dir, stats)."""
     prompts = os.path.join(out, "data", "synth-prompts.jsonl")
     synth = synthesize_prompts(cfg.target_model, prompts, args.synthesize_prompts, batch_size=args.regen_batch_size,
-                               device=device, seed=cfg.seed, held_out=(args.other_styles, eval_prompts),
+                               temperature=args.synthesize_temperature, device=device, seed=cfg.seed,
+                               held_out=(args.other_styles, eval_prompts),
                                time_budget_s=args.regen_budget_s, system_prompts=args.synthesize_system_prompts,
                                reuse_only=shared, log=log, decoding=decoding_of(args, prefix="regen-"))
     log(f"synthesized prompts: {json.dumps(synth)}")
@@ -274,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--synthesize-system-prompts", default=None, metavar="FILE",
                    help="dflash-synthesize-prompts' --system-prompts for those prompts: system messages, one per "
                         "line, that steer what the target asks (the trainer ships one: prep/synthesis_systems.txt)")
+    g.add_argument("--synthesize-temperature", type=float, default=synthesize_defaults()["temperature"], metavar="T",
+                   help="dflash-synthesize-prompts' --temperature for those prompts (its default): below 1 a small "
+                        "target writes fewer garbled requests (PROOF.md, twenty-ninth session)")
     g.add_argument("--eval-replay", action="store_true",
                    help="evaluate each snapshot, and the baseline's prompt lookup, by replaying the decode over "
                         "the baseline's references (dflash-eval --replay: the same τ in seconds, losslessness not "
@@ -336,6 +340,9 @@ def parse_args(argv):
         p.error("--eval-workers must be at least 1")
     if args.synthesize_prompts < 0:
         p.error("--synthesize-prompts must be 0 (none) or more")
+    if args.synthesize_temperature <= 0:
+        p.error(f"--synthesize-temperature {args.synthesize_temperature:g}: pass a temperature above 0 (greedy "
+                "sampling writes one prompt over and over)")
     if args.synthesize_system_prompts:  # read now: a bad file would otherwise fail after the regeneration
         try:
             read_system_prompts(args.synthesize_system_prompts)

@@ -116,6 +116,18 @@ def test_second_proof_reuses_the_first_ones_data_and_refuses_another_split(two_d
     assert {p: open(p).read() for p in first.glob("*prompts*.jsonl")} == split
 
 
+@pytest.mark.parametrize("value", ["0", "-0.5"])
+def test_a_synthesis_temperature_not_above_zero_is_refused_before_anything_runs(tmp_path, capsys, value):
+    driver = load_benchmark("proofs.proof_smollm2")
+    with pytest.raises(SystemExit) as exc:
+        driver.main(["--tiny", "--out", str(tmp_path / "proof"), "--device", "cpu", "--synthesize-prompts", "4",
+                     "--synthesize-temperature", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"error: --synthesize-temperature {float(value):g}: pass a temperature above 0" in err
+    assert not os.path.exists(tmp_path / "proof")
+
+
 # A prompt file the proof reads (flag, flags it goes with, the empty file's text and the words refusing it): refused
 # before anything runs, since a bad file would otherwise fail only after the regeneration
 BAD_FILES = {"system prompts": ("--synthesize-system-prompts", ["--synthesize-prompts", "4"], "\n",

@@ -39,7 +39,8 @@ def hard_proof(tmp_path_factory):
 # the soft-label proof also trains on prompts the tiny target writes itself (--synthesize-prompts) and decodes
 # its evaluation in two processes (--eval-workers), the synthesis steered by the shipped system messages
 @pytest.mark.parametrize("labels", [[], ["--use-soft-labels", "--synthesize-prompts", "16", "--eval-workers", "2",
-                                         "--synthesize-system-prompts", SHIPPED_SYSTEM_PROMPTS]],
+                                         "--synthesize-system-prompts", SHIPPED_SYSTEM_PROMPTS,
+                                         "--synthesize-temperature", "0.9"]],
                          ids=["hard", "soft"])
 def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
     if labels:  # and on an extra prompt file (--extra-prompts), one of whose rows is an other-styles prompt
@@ -95,6 +96,8 @@ def test_proof_tiny_drives_dflash_train_and_reports(request, tmp_path, labels):
     assert 1 <= synth["prompts"]["kept"] == synth["data"]["num_input_rows"] <= 16
     # steered by the shipped system messages: the template's own prefix and each of the eight took turns
     assert len(synth["prompts"]["kept_by_system_prompt"]) == 9
+    # sampled at --synthesize-temperature (the synthesis records its settings beside its file)
+    assert json.load(open(out / "data" / "synth-prompts.jsonl.stats.json"))["settings"]["temperature"] == 0.9
     # the extra prompts: the two answered, the other-styles prompt refused as held out
     extra = result["data"]["extra"]
     assert extra["num_rows_written"] == 2 and extra["bad"] == {"held_out": 1}
