@@ -48,8 +48,9 @@ from .profile_parts import PROFILE_STEPS, profile_steps
 from .timing import device_sync, timed_calls
 
 # The trainer flags this benchmark takes: dflash-train's own (declaration, defaults and checks in config/train_config.py).
-TRAIN_FLAGS = ("device", "block_size", "max_anchors", "num_draft_layers", "num_target_taps", "gamma", "lr", "weight_decay",
-               "grad_clip", "noise_end", "head_chunk_size", "use_soft_labels", "soft_label_temperature")
+TRAIN_FLAGS = ("device", "block_size", "max_anchors", "num_draft_layers", "draft_intermediate_size", "num_target_taps",
+               "gamma", "lr", "weight_decay", "grad_clip", "noise_end", "head_chunk_size", "use_soft_labels",
+               "soft_label_temperature")
 # Named shapes: the model's (no target is loaded, so its shape is given here) and a dflash-train command line
 # for the drafter's flags, given before the user's (which win); without --preset, tiny-cpu. A flag that
 # neither sets has dflash-train's default.
@@ -125,7 +126,8 @@ def print_result(result: dict) -> None:
             ("variant", f"{result['labels']} labels, {result['head_loss']} head loss, "
                         f"{'FP8 ' + result['fp8_layers'] if result['fp8_layers'] else 'bf16'} layer linears, "
                         f"head chunk {result['head_chunk_rows']} rows"),
-            ("shape", f"hidden {s['hidden']} layers {s['num_draft_layers']} block {s['block_size']} anchors "
+            ("shape", f"hidden {s['hidden']} MLP {s['draft_intermediate_size'] or s['intermediate']} layers "
+                      f"{s['num_draft_layers']} block {s['block_size']} anchors "
                       f"{s['max_anchors']} vocab {s['vocab']} seq {s['seq_len']} batch {s['batch']}"),
             ("trainable params", f"{result['trainable_params'] / 1e6:.1f} M"),
             ("step time (median)", f"{median * 1e3:.1f} ms   ({1 / median:.2f} steps/s)"),
@@ -152,7 +154,8 @@ def main(argv=None) -> int:
     num_target_layers = 64
     cfg = DrafterConfig(hidden_size=s["hidden"], num_hidden_layers=train["num_draft_layers"], num_attention_heads=s["heads"],
                         num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"],
-                        intermediate_size=s["intermediate"], vocab_size=s["vocab"],
+                        intermediate_size=train["draft_intermediate_size"] or s["intermediate"],
+                        vocab_size=s["vocab"],
                         target_layer_ids=list(range(1, 1 + train["num_target_taps"])), num_target_layers=num_target_layers,
                         block_size=train["block_size"], mask_token_id=s["vocab"] - 1)
     frozen_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -115,6 +115,13 @@ def test_train_step_prints_the_measured_peak_and_the_parts_of_a_profiled_step(tm
     assert all(parts[p]["s_per_step"] > 0 for p in ("linears", "attention", "head + loss", "optimizer"))
     for part in parts:
         assert f"  {part:<18} " in text
+    # the drafter's MLP width as dflash-train sets it (--draft-intermediate-size; the target's, 128, by default)
+    assert "hidden 64 MLP 128 layers 2" in text
+    wide = tmp_path / "wide.json"
+    assert load_benchmark("benchmarks.train_step").main(argv[:-3] + ["--draft-intermediate-size", "256",
+                                                                     "--out", str(wide)]) == 0
+    grown = json.loads(wide.read_text())["trainable_params"] - result["trainable_params"]
+    assert grown == 2 * 3 * 64 * (256 - 128) and "hidden 64 MLP 256 layers 2" in capsys.readouterr().out
 
 
 def _hand_layer_params(H, heads, kv, d, inter):
