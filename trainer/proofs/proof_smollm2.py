@@ -170,8 +170,9 @@ def regenerate(args, cfg, train_prompts: str, out: str, devices: list[str], shar
 def add_synthesized(args, cfg, out: str, data_dir: str, stats: dict, eval_prompts: str, device: str,
                     shared: bool) -> tuple[str, dict]:
     """--synthesize-prompts N: prompts the target writes itself (dflash-synthesize-prompts, its defaults but the
-    batch and --synthesize-temperature), kept apart from both held-out sets, answered like the others (its own preparation, data/synth) and
-    trained on beside them (data/with-synth: links to both preparations' shards). Returns (data dir, stats)."""
+    batch and --synthesize-temperature), kept apart from both held-out sets, answered like the others (its own
+    preparation, data/synth) and trained on beside them (data/with-synth: links to both preparations' shards).
+    Returns (data dir, stats)."""
     prompts = os.path.join(out, "data", "synth-prompts.jsonl")
     synth = synthesize_prompts(cfg.target_model, prompts, args.synthesize_prompts, batch_size=args.regen_batch_size,
                                temperature=args.synthesize_temperature, device=device, seed=cfg.seed,

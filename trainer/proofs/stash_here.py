@@ -21,11 +21,12 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from dflash_trainer.telemetry.heartbeat import write_bytes_atomic, write_text_atomic
 
 from .proof_smollm2 import build_parser
 
@@ -83,27 +84,14 @@ def proof_flags(record: dict) -> list[str]:
     return flags
 
 
-def _replace(path: Path, write) -> None:
-    """Write a file whole or not at all: a file there stays as it was until the new one is complete."""
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        try:
-            write(tmp)
-            tmp.close()
-            os.chmod(tmp.name, 0o644)  # (a temporary file is made private)
-            os.replace(tmp.name, path)
-        except BaseException:
-            os.unlink(tmp.name)
-            raise
-
-
 def split_gguf(gguf: Path, dev_a: Path, dev_b: Path) -> str:
     """The two halves (as `split -n 2`: the second takes the odd byte) and the whole file's sha256."""
     data = gguf.read_bytes()
     half = len(data) // 2
-    _replace(dev_a / "gguf-part-00", lambda f: f.write(data[:half]))
-    _replace(dev_b / "gguf-part-01", lambda f: f.write(data[half:]))
+    write_bytes_atomic(dev_a / "gguf-part-00", data[:half])
+    write_bytes_atomic(dev_b / "gguf-part-01", data[half:])
     digest = hashlib.sha256(data).hexdigest()
-    _replace(dev_b / "gguf.sha256", lambda f: f.write(f"{digest}\n".encode()))
+    write_text_atomic(dev_b / "gguf.sha256", f"{digest}\n")
     return digest
 
 
@@ -133,9 +121,9 @@ def write_prompts(dev_b: Path, work: Path) -> list[str]:
     lines = [_run_proof_tool("proof_prompts", work / "prompts.jsonl", "--num-chitchat", str(NUM_CHITCHAT))]
     raw = (work / "prompts.jsonl").read_bytes()
     # mtime 0: the same prompts give the same bytes
-    _replace(dev_b / "prompts.jsonl.gz", lambda f: f.write(gzip.compress(raw, compresslevel=9, mtime=0)))
+    write_bytes_atomic(dev_b / "prompts.jsonl.gz", gzip.compress(raw, compresslevel=9, mtime=0))
     lines.append(_run_proof_tool("extra_prompts", work / "extra.jsonl"))
-    shutil.copyfile(work / "extra.jsonl", dev_b / "extra.jsonl")
+    write_bytes_atomic(dev_b / "extra.jsonl", (work / "extra.jsonl").read_bytes())
     return lines
 
 
@@ -148,7 +136,7 @@ def read_flags(record_path: Path) -> list[str]:
 
 def write_flags(dev_b: Path, record_path: Path, flags: list[str]) -> None:
     text = f"# the proof flags of {record_path.name} (stash_here.py)\nF={shlex.quote(shlex.join(flags))}\n"
-    _replace(dev_b / "flags.sh", lambda f: f.write(text.encode()))
+    write_text_atomic(dev_b / "flags.sh", text)
 
 
 def tree_bytes(root: Path) -> int:
@@ -204,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_wheels:
         wheels = download_wheels(dev_a)
         for w in wheels:
-            shutil.copyfile(dev_a / w, dev_b / w)
+            write_bytes_atomic(dev_b / w, (dev_a / w).read_bytes())
         print(f"stash_here: wheels in both folders: {' '.join(wheels)}")
     problems = carry_problems(root, [dev_a, dev_b], args.max_carry_bytes)
     for problem in problems:

@@ -17,8 +17,9 @@ from proofs.stash_here import LAUNCH_SETS, carry_problems, gguf_path, main, proo
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 # The records of proofs through dflash-train (run 6 on): the earlier ones ran another script with other flags
-RECORDS = [r for r in sorted(glob.glob(os.path.join(RESULTS, "proof-smollm2-*.json")))
-           if "args" in json.load(open(r)) and "dflash_train" in json.dumps(json.load(open(r)).get("train_command"))]
+RECORDS = [path for path, record in ((p, json.load(open(p)))
+                                     for p in sorted(glob.glob(os.path.join(RESULTS, "proof-smollm2-*.json"))))
+           if "args" in record and "dflash_train" in json.dumps(record.get("train_command"))]
 RUN23_A = os.path.join(RESULTS, "proof-smollm2-h100-2026-12-06-run23-a-wsd-gamma-3-anchors-64-10min.json")
 
 

@@ -28,11 +28,16 @@ def write_json_atomic(path: str, payload, indent: int | None = None) -> None:
 
 def write_text_atomic(path: str, text: str) -> None:
     """write_json_atomic's write then rename, for any text (UTF-8)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """The write then rename of the two above, for any bytes."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
