@@ -66,6 +66,9 @@
 # Warm start (optional, between calls 1 and 2; carry .artifacts/dev-c holding the init.tar.part-* that the
 # last watch of an earlier session sent): bash trainer/proofs/device_proof.sh stash-init, then launch
 # with --init-drafter /var/tmp/dflash/init-drafter
+# Data that fits neither dev-a nor dev-b (optional, between calls 1 and 2; carry .artifacts/dev-d holding data*.tar*,
+# e.g. a whole lease's regenerated data as one data-01.tar.xz, 15.5 MB in run 28, and data-baseline.tar):
+# bash trainer/proofs/device_proof.sh stash-data; launch unpacks it with the rest
 set -uo pipefail
 S=${DFLASH_STASH:-/var/tmp/dflash}   # kept between calls while the machine is warm (override: tests of this script)
 OUT=${OUT:-/tmp/dflash-out}
@@ -156,10 +159,15 @@ serve_pending() {
     [ -f "$S/serve.pid" ] && kill -0 "$(cat "$S/serve.pid")" 2> /dev/null
 }
 
+# A carried folder's regenerated data (data*.tar*) put beside the GGUF part, where launch unpacks every data*.tar*.
+stash_data() {
+    cp "$1"/data*.tar* "$S/" 2>/dev/null && echo "regenerated data stashed: $(ls "$S"/data*.tar*)"
+}
+
 case "${1:-}" in
 stash)
     cp .artifacts/dev-a/gguf-part-00 "$S/" || exit 3
-    cp .artifacts/dev-a/data*.tar* "$S/" 2>/dev/null && echo "regenerated data stashed: $(ls "$S"/data*.tar*)"
+    stash_data .artifacts/dev-a
     # (dev-a may leave its wheels out to stay under the 64 MiB a call carries with the data: launch installs dev-b's)
     if ls .artifacts/dev-a/*.whl > /dev/null 2>&1; then install_wheels .artifacts/dev-a; fi
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
@@ -184,6 +192,9 @@ stash-init)
     # put into .artifacts/dev-c/; then launch with --init-drafter /var/tmp/dflash/init-drafter.
     cat .artifacts/dev-c/init.tar.part-* | tar -C "$S" -xf - || exit 3
     ls -la "$S/init-drafter"
+    ;;
+stash-data)
+    stash_data .artifacts/dev-d || { echo "no data*.tar* in .artifacts/dev-d: carry that folder (run's carry)"; exit 3; }
     ;;
 launch)
     # Join, check and convert the GGUF, then start the proof in its own session (setsid), so that it
@@ -286,5 +297,5 @@ watch)
     watch_proof "${2:-540}"
     ;;
 *)
-    echo "usage: $0 stash [smoke|nosmoke] | stash-init | launch PROOF_FLAGS... | watch [SECONDS] | serve"; exit 2 ;;
+    echo "usage: $0 stash [smoke|nosmoke] | stash-init | stash-data | launch PROOF_FLAGS... | watch [SECONDS] | serve"; exit 2 ;;
 esac

@@ -159,8 +159,9 @@ def carry_problems(root: Path, folders: list[Path], limit: int = MAX_CARRY_BYTES
               f"{(size + tree) / 1e6:.1f} of {limit / 1e6:.1f} MB a call carries")
         if size + tree > limit:
             problems.append(f"{folder} with the working tree is {(size + tree) / 1e6:.1f} MB, over the "
-                            f"{limit / 1e6:.1f} MB a call carries: move data*.tar* to the other folder, recompress "
-                            "them with xz -9e, or leave dev-a's wheels out (launch installs dev-b's)")
+                            f"{limit / 1e6:.1f} MB a call carries: move data*.tar* to the other folder or to "
+                            ".artifacts/dev-d (a call of its own: device_proof.sh stash-data), recompress them with "
+                            "xz -9e, or leave dev-a's wheels out (launch installs dev-b's)")
     return problems
 
 

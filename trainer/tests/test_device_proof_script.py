@@ -229,3 +229,21 @@ def test_serve_after_waits_for_the_proofs_of_this_machine_then_serves(tmp_path):
         proof.wait()
     assert r.returncode == 3
     assert "no export of a finished proof on this machine" in r.stdout
+
+
+def test_stash_data_puts_a_third_folders_data_where_launch_unpacks_it_and_refuses_an_empty_one(tmp_path):
+    env = dict(os.environ, DFLASH_STASH=str(tmp_path / "stash"), OUT=str(tmp_path / "out"))
+    folder = tmp_path / ".artifacts" / "dev-d"
+    folder.mkdir(parents=True)
+    r = subprocess.run(["bash", SCRIPT, "stash-data"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 3
+    assert "no data*.tar* in .artifacts/dev-d" in r.stdout
+    (folder / "data-01.tar.xz").write_bytes(b"xz")
+    (folder / "data-baseline.tar").write_bytes(b"tar")
+    (folder / "notes.txt").write_text("not data")
+    r = subprocess.run(["bash", SCRIPT, "stash-data"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(os.listdir(tmp_path / "stash")) == ["data-01.tar.xz", "data-baseline.tar"]
+    assert (tmp_path / "stash" / "data-01.tar.xz").read_bytes() == b"xz"
