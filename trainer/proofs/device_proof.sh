@@ -194,7 +194,7 @@ stash-init)
     ls -la "$S/init-drafter"
     ;;
 stash-data)
-    stash_data .artifacts/dev-d || { echo "no data*.tar* in .artifacts/dev-d: carry that folder (run's carry)"; exit 3; }
+    stash_data .artifacts/dev-d || { echo "no data*.tar* in .artifacts/dev-d: carry that folder"; exit 3; }
     ;;
 launch)
     # Join, check and convert the GGUF, then start the proof in its own session (setsid), so that it
@@ -297,5 +297,6 @@ watch)
     watch_proof "${2:-540}"
     ;;
 *)
-    echo "usage: $0 stash [smoke|nosmoke] | stash-init | stash-data | launch PROOF_FLAGS... | watch [SECONDS] | serve"; exit 2 ;;
+    echo "usage: $0 stash [smoke|nosmoke] | stash-init | stash-data | launch PROOF_FLAGS... | watch [SECONDS]" \
+        "| serve"; exit 2 ;;
 esac
